@@ -1,0 +1,156 @@
+//! The one error type of MoltLock.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Why a held lock stopped being held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// A renewal reached the store and the store said the key is no longer
+    /// ours (it expired, was deleted, or another owner holds it).
+    Refused,
+    /// No renewal was confirmed before the local validity deadline.
+    Deadline,
+    /// The backend's session (for example an etcd lease) ended.
+    Session(String),
+    /// The guard was released or dropped by its owner.
+    Released,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Refused => f.write_str("the store refused a renewal (the key is no longer ours)"),
+            Self::Deadline => f.write_str("no renewal was confirmed before the validity deadline"),
+            Self::Session(why) => write!(f, "the backend session ended: {why}"),
+            Self::Released => f.write_str("released by its owner"),
+        }
+    }
+}
+
+/// Every failure MoltLock reports. [`Error::is_retryable`] tells transient
+/// store trouble (worth another try) from permanent mistakes.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock key was rejected before reaching the store.
+    #[error("invalid lock key {key:?}: {reason}")]
+    InvalidKey {
+        /// The start of the offending key (at most 64 characters).
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The TTL was rejected before reaching the store.
+    #[error("invalid TTL {ttl:?}: {reason}")]
+    InvalidTtl {
+        /// The TTL given.
+        ttl: Duration,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A configuration value (URL, table name, option) is not valid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Waiting for the lock took longer than the caller allowed.
+    #[error("timed out after {waited:?} waiting for lock {key:?}")]
+    Timeout {
+        /// The key waited for.
+        key: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+    /// The store could not be reached or did not answer in time. Retryable.
+    #[error("{backend}: store unavailable: {message}")]
+    Unavailable {
+        /// The backend's name.
+        backend: &'static str,
+        /// What the client library said.
+        message: String,
+    },
+    /// The store refused our credentials or permissions. Permanent.
+    #[error("{backend}: authentication or permission failure: {message}")]
+    Auth {
+        /// The backend's name.
+        backend: &'static str,
+        /// What the store said.
+        message: String,
+    },
+    /// The store answered with an error.
+    #[error("{backend}: store error: {message}")]
+    Store {
+        /// The backend's name.
+        backend: &'static str,
+        /// What the store said.
+        message: String,
+        /// Whether trying again may succeed.
+        retryable: bool,
+    },
+    /// The backend does not offer this optional operation.
+    #[error("{backend}: {what} is not supported by this backend")]
+    Unsupported {
+        /// The backend's name.
+        backend: &'static str,
+        /// The operation asked for.
+        what: &'static str,
+    },
+    /// A release or renewal found that the key is not held by this owner.
+    #[error("lock {key:?} is not held by this owner")]
+    NotHeld {
+        /// The key.
+        key: String,
+    },
+    /// The lock was lost while held.
+    #[error("lock {key:?} was lost: {reason}")]
+    Lost {
+        /// The key.
+        key: String,
+        /// Why it was lost.
+        reason: LostReason,
+    },
+}
+
+impl Error {
+    /// Whether trying the same operation again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Unavailable { .. } => true,
+            Self::Store { retryable, .. } => *retryable,
+            _ => false,
+        }
+    }
+
+    /// An [`Error::InvalidKey`] that quotes at most 64 characters of the key.
+    pub fn invalid_key(key: &str, reason: impl Into<String>) -> Self {
+        Self::InvalidKey {
+            key: key.chars().take(64).collect(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A retryable [`Error::Unavailable`].
+    pub fn unavailable(backend: &'static str, message: impl fmt::Display) -> Self {
+        Self::Unavailable {
+            backend,
+            message: message.to_string(),
+        }
+    }
+
+    /// An [`Error::Store`] with the given retryability.
+    pub fn store(backend: &'static str, message: impl fmt::Display, retryable: bool) -> Self {
+        Self::Store {
+            backend,
+            message: message.to_string(),
+            retryable,
+        }
+    }
+
+    /// A permanent [`Error::Auth`].
+    pub fn auth(backend: &'static str, message: impl fmt::Display) -> Self {
+        Self::Auth {
+            backend,
+            message: message.to_string(),
+        }
+    }
+}

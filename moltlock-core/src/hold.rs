@@ -1,0 +1,128 @@
+//! The shared state of one held lock, read by its guard and the renewal driver.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::{Fence, LockKey, LostReason, Token};
+
+/// The part of a hold that changes: how long it is valid and whether it was lost.
+#[derive(Clone, Debug)]
+pub(crate) struct HoldState {
+    pub(crate) valid_until: Instant,
+    pub(crate) lost: Option<LostReason>,
+}
+
+/// What the store granted.
+pub(crate) struct Grant {
+    pub(crate) key: LockKey,
+    pub(crate) token: Token,
+    pub(crate) fence: Fence,
+    pub(crate) ttl: Duration,
+}
+
+/// One held lock.
+pub(crate) struct Hold {
+    pub(crate) id: u64,
+    pub(crate) key: LockKey,
+    pub(crate) token: Token,
+    pub(crate) fence: Fence,
+    pub(crate) ttl: Duration,
+    pub(crate) interval: Duration,
+    pub(crate) drift: f64,
+    pub(crate) acquired_at: Instant,
+    pub(crate) state: watch::Sender<HoldState>,
+    next_renew: Mutex<Instant>,
+}
+
+impl Hold {
+    /// A hold whose acquire request was sent at `sent_at`; the store will not
+    /// expire it before `expiry`.
+    pub(crate) fn new(
+        id: u64,
+        grant: Grant,
+        drift: f64,
+        sent_at: Instant,
+        expiry: Instant,
+    ) -> Self {
+        let interval = grant.ttl / 3;
+        let state = HoldState {
+            valid_until: valid_until(sent_at, expiry, drift),
+            lost: None,
+        };
+        Self {
+            id,
+            key: grant.key,
+            token: grant.token,
+            fence: grant.fence,
+            ttl: grant.ttl,
+            interval,
+            drift,
+            acquired_at: Instant::now(),
+            state: watch::Sender::new(state),
+            next_renew: Mutex::new(sent_at + interval),
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> HoldState {
+        self.state.borrow().clone()
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.state.borrow().lost.is_some()
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.state.borrow().valid_until
+    }
+
+    pub(crate) fn next_renew(&self) -> Instant {
+        match self.next_renew.lock() {
+            Ok(t) => *t,
+            Err(poisoned) => *poisoned.into_inner(),
+        }
+    }
+
+    pub(crate) fn set_next_renew(&self, at: Instant) {
+        match self.next_renew.lock() {
+            Ok(mut t) => *t = at,
+            Err(poisoned) => *poisoned.into_inner() = at,
+        }
+    }
+
+    /// A renewal whose request was sent at `sent_at` was confirmed by the
+    /// store, which will not expire it before `expiry`.
+    pub(crate) fn confirm(&self, sent_at: Instant, expiry: Instant) {
+        let until = valid_until(sent_at, expiry, self.drift);
+        self.state.send_if_modified(|s| {
+            if s.lost.is_some() || until <= s.valid_until {
+                return false;
+            }
+            s.valid_until = until;
+            true
+        });
+        self.set_next_renew(sent_at + self.interval);
+    }
+
+    /// Marks the hold lost unless it already is; returns whether this call did.
+    /// A [`LostReason::Deadline`] is only taken once the deadline has passed.
+    pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
+        let now = Instant::now();
+        self.state.send_if_modified(|s| {
+            if s.lost.is_some() || (reason == LostReason::Deadline && now < s.valid_until) {
+                return false;
+            }
+            s.lost = Some(reason);
+            true
+        })
+    }
+}
+
+/// `sent_at + (expiry − sent_at) × (1 − drift)`: the drift allowance shortens
+/// the span the store promised.
+fn valid_until(sent_at: Instant, expiry: Instant, drift: f64) -> Instant {
+    let span = expiry.saturating_duration_since(sent_at);
+    sent_at + span.mul_f64((1.0 - drift).clamp(0.0, 1.0))
+}

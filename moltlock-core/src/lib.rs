@@ -1,0 +1,47 @@
+//! MoltLock core: distributed locks over any store that can do two atomic
+//! things to one key — compare-and-set with a TTL, and owner-checked delete.
+//!
+//! A [`Backend`] implements those two operations ([`Backend::cas`],
+//! [`Backend::delete`]); the [`LockManager`] does the rest: waiting with
+//! notifications or backoff, timeouts, cancel-safe acquisition, one renewal
+//! driver for all holds, a local validity deadline, lost-lock signals
+//! ([`LockGuard::lost`]) and fencing tokens ([`LockGuard::fence`]).
+//!
+//! ```
+//! use std::time::Duration;
+//! use moltlock_core::{LockManager, MemoryBackend};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), moltlock_core::Error> {
+//! let manager = LockManager::builder(MemoryBackend::new())
+//!     .ttl(Duration::from_secs(10))
+//!     .build()?;
+//! let guard = manager.lock("jobs/nightly-report").await?;
+//! let fence = guard.fence(); // send it with every write the lock protects
+//! assert!(manager.try_lock("jobs/nightly-report").await?.is_none());
+//! guard.release().await?;
+//! # let _ = fence;
+//! # Ok(())
+//! # }
+//! ```
+
+mod backend;
+mod cleanup;
+mod error;
+mod guard;
+mod hold;
+mod manager;
+mod memory;
+pub mod metrics;
+mod renew;
+mod retry;
+mod types;
+
+pub use async_trait::async_trait;
+pub use backend::{Backend, Capabilities, CasOutcome, Held, HolderInfo, ReleaseWatch, RenewItem};
+pub use error::{Error, LostReason};
+pub use guard::LockGuard;
+pub use manager::{LockManager, LockManagerBuilder, LockOptions, LostEvent};
+pub use memory::MemoryBackend;
+pub use retry::RetryPolicy;
+pub use types::{check_ttl, Fence, LockKey, Token, MAX_KEY_LEN, MAX_TTL, MIN_TTL};

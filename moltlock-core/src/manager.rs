@@ -1,0 +1,453 @@
+//! The lock manager: acquiring, waiting, and the registry of held locks.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::cleanup::PendingAcquire;
+use crate::hold::{Grant, Hold};
+use crate::{
+    check_ttl, metrics, Backend, Capabilities, CasOutcome, Error, Held, LockGuard, LockKey,
+    LostReason, ReleaseWatch, RetryPolicy, Token,
+};
+
+/// What the lost-lock callback is told.
+#[derive(Clone, Debug)]
+pub struct LostEvent {
+    /// The key that was lost.
+    pub key: LockKey,
+    /// The fence of the lost hold.
+    pub fence: crate::Fence,
+    /// Why it was lost.
+    pub reason: LostReason,
+}
+
+type LostCallback = Arc<dyn Fn(&LostEvent) + Send + Sync>;
+
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) ttl: Duration,
+    pub(crate) drift: f64,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) on_lost: Option<LostCallback>,
+    pub(crate) release_timeout: Duration,
+}
+
+/// Builds a [`LockManager`]. Defaults: TTL 30 s, renewal every TTL/3, clock
+/// drift allowance 2 %, exponential backoff with jitter (10 ms to 1 s),
+/// best-effort release on drop within 5 s.
+pub struct LockManagerBuilder {
+    backend: Arc<dyn Backend>,
+    cfg: Config,
+}
+
+impl LockManagerBuilder {
+    /// The TTL of every hold unless [`LockOptions::ttl`] says otherwise.
+    /// Holds are renewed every TTL/3 while their guard lives.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.cfg.ttl = ttl;
+        self
+    }
+
+    /// The clock-drift allowance: a hold is trusted locally for
+    /// `ttl × (1 − drift)` after the request that confirmed it was sent.
+    /// Clamped to 0..=0.5.
+    pub fn drift(mut self, drift: f64) -> Self {
+        self.cfg.drift = if drift.is_finite() {
+            drift.clamp(0.0, 0.5)
+        } else {
+            0.02
+        };
+        self
+    }
+
+    /// How waiters back off between attempts when no notification wakes them.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.cfg.retry = policy;
+        self
+    }
+
+    /// Called once for every hold that is lost (not for releases).
+    pub fn on_lost(mut self, f: impl Fn(&LostEvent) + Send + Sync + 'static) -> Self {
+        self.cfg.on_lost = Some(Arc::new(f));
+        self
+    }
+
+    /// How long the best-effort release spawned by a dropped guard may take.
+    pub fn release_timeout(mut self, timeout: Duration) -> Self {
+        self.cfg.release_timeout = timeout;
+        self
+    }
+
+    /// Checks the settings and builds the manager.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTtl`] when the default TTL is out of range for the backend.
+    pub fn build(self) -> Result<LockManager, Error> {
+        let caps = self.backend.capabilities();
+        check_ttl(self.cfg.ttl, caps.min_ttl)?;
+        Ok(LockManager {
+            inner: Arc::new(Inner {
+                backend: self.backend,
+                caps,
+                cfg: self.cfg,
+                registry: Mutex::new(Registry::default()),
+                wake: Arc::new(Notify::new()),
+                next_id: AtomicU64::new(1),
+            }),
+        })
+    }
+}
+
+/// Options for one acquisition.
+#[derive(Clone, Debug, Default)]
+pub struct LockOptions {
+    ttl: Option<Duration>,
+    timeout: Option<Duration>,
+    no_wait: bool,
+    fair: bool,
+}
+
+impl LockOptions {
+    /// Wait as long as it takes, with the manager's TTL.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The TTL of this hold.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Give up with [`Error::Timeout`] after waiting this long.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Try once and return `None` when the key is held elsewhere.
+    pub fn no_wait(mut self) -> Self {
+        self.no_wait = true;
+        self
+    }
+
+    /// Wait in the backend's first-come, first-served queue (backends with
+    /// [`Capabilities::fair_queue`] only).
+    pub fn fair(mut self) -> Self {
+        self.fair = true;
+        self
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Registry {
+    pub(crate) holds: HashMap<u64, Arc<Hold>>,
+    pub(crate) driver: Option<JoinHandle<()>>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) caps: Capabilities,
+    pub(crate) cfg: Config,
+    pub(crate) registry: Mutex<Registry>,
+    pub(crate) wake: Arc<Notify>,
+    next_id: AtomicU64,
+}
+
+impl Inner {
+    pub(crate) fn registry(&self) -> MutexGuard<'_, Registry> {
+        match self.registry.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Removes the hold from renewal and, if it was not lost before, records why.
+    pub(crate) fn finish(&self, hold: &Hold, reason: LostReason) {
+        let marked = hold.mark_lost(reason.clone());
+        if marked || reason == LostReason::Released {
+            self.registry().holds.remove(&hold.id);
+        }
+        if !marked {
+            return;
+        }
+        if reason == LostReason::Released {
+            metrics::released(self.backend.name(), hold.acquired_at.elapsed());
+            return;
+        }
+        tracing::warn!(key = %hold.key, fence = %hold.fence, %reason, "lock lost");
+        metrics::lost(self.backend.name());
+        if let Some(cb) = &self.cfg.on_lost {
+            cb(&LostEvent {
+                key: hold.key.clone(),
+                fence: hold.fence,
+                reason,
+            });
+        }
+    }
+
+    fn register(self: &Arc<Self>, hold: Hold) -> Arc<Hold> {
+        let hold = Arc::new(hold);
+        let mut reg = self.registry();
+        reg.holds.insert(hold.id, hold.clone());
+        let running = reg.driver.as_ref().is_some_and(|h| !h.is_finished());
+        if !running {
+            reg.driver = Some(tokio::spawn(crate::renew::drive(
+                Arc::downgrade(self),
+                self.wake.clone(),
+            )));
+        }
+        drop(reg);
+        self.wake.notify_one();
+        hold
+    }
+}
+
+/// Acquires locks through one [`Backend`] and keeps them renewed while their
+/// guards live. Cheap to clone; clones share one renewal driver.
+#[derive(Clone)]
+pub struct LockManager {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for LockManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockManager")
+            .field("backend", &self.inner.backend.name())
+            .field("ttl", &self.inner.cfg.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockManager {
+    /// A manager with default settings over `backend`.
+    pub fn new(backend: impl Backend) -> Self {
+        Self::from_arc(Arc::new(backend))
+    }
+
+    /// A manager with default settings over a shared backend.
+    pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
+        let inner = Inner {
+            caps: backend.capabilities(),
+            backend,
+            cfg: default_config(),
+            registry: Mutex::new(Registry::default()),
+            wake: Arc::new(Notify::new()),
+            next_id: AtomicU64::new(1),
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// A builder over `backend`.
+    pub fn builder(backend: impl Backend) -> LockManagerBuilder {
+        Self::builder_arc(Arc::new(backend))
+    }
+
+    /// A builder over a shared backend.
+    pub fn builder_arc(backend: Arc<dyn Backend>) -> LockManagerBuilder {
+        LockManagerBuilder {
+            backend,
+            cfg: default_config(),
+        }
+    }
+
+    /// The backend behind this manager.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// The default TTL of this manager's holds.
+    pub fn ttl(&self) -> Duration {
+        self.inner.cfg.ttl
+    }
+
+    /// How many holds this manager is renewing now.
+    pub fn held_count(&self) -> usize {
+        self.inner.registry().holds.len()
+    }
+
+    /// Waits until `key` is acquired.
+    ///
+    /// Cancel safe: dropping the future at any point leaves no hold behind
+    /// that nobody can release. If it is dropped while an acquire request is
+    /// in flight, a best-effort owner-checked delete is spawned; without a
+    /// runtime to run it, the hold lives only until its TTL.
+    pub async fn lock(&self, key: impl AsRef<str>) -> Result<LockGuard, Error> {
+        let guard = self.acquire(key, LockOptions::new()).await?;
+        guard.ok_or_else(|| Error::store(self.inner.backend.name(), "no hold returned", false))
+    }
+
+    /// Waits at most `timeout` for `key`, then fails with [`Error::Timeout`].
+    /// Cancel safe, as [`lock`](Self::lock).
+    pub async fn lock_timeout(
+        &self,
+        key: impl AsRef<str>,
+        timeout: Duration,
+    ) -> Result<LockGuard, Error> {
+        let guard = self
+            .acquire(key, LockOptions::new().timeout(timeout))
+            .await?;
+        guard.ok_or_else(|| Error::store(self.inner.backend.name(), "no hold returned", false))
+    }
+
+    /// One attempt: the guard, or `None` when `key` is held elsewhere.
+    /// Cancel safe, as [`lock`](Self::lock).
+    pub async fn try_lock(&self, key: impl AsRef<str>) -> Result<Option<LockGuard>, Error> {
+        self.acquire(key, LockOptions::new().no_wait()).await
+    }
+
+    /// Acquires `key` with explicit options. Returns `None` only with
+    /// [`LockOptions::no_wait`]. Cancel safe, as [`lock`](Self::lock).
+    pub async fn acquire(
+        &self,
+        key: impl AsRef<str>,
+        opts: LockOptions,
+    ) -> Result<Option<LockGuard>, Error> {
+        let key = LockKey::new(key.as_ref())?;
+        key.check_len(self.inner.caps.max_key_len)?;
+        let ttl = opts.ttl.unwrap_or(self.inner.cfg.ttl);
+        check_ttl(ttl, self.inner.caps.min_ttl)?;
+        let started = Instant::now();
+        let fut = self.acquire_loop(&key, ttl, &opts, started);
+        let outcome = match opts.timeout {
+            Some(t) => match tokio::time::timeout(t, fut).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::Timeout {
+                    key: key.to_string(),
+                    waited: started.elapsed(),
+                }),
+            },
+            None => fut.await,
+        };
+        metrics::acquire_outcome(self.inner.backend.name(), &outcome, started.elapsed());
+        outcome
+    }
+
+    async fn acquire_loop(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        opts: &LockOptions,
+        started: Instant,
+    ) -> Result<Option<LockGuard>, Error> {
+        if opts.fair {
+            return self.acquire_fair(key, ttl).await.map(Some);
+        }
+        let backend = &self.inner.backend;
+        let mut watch = self.open_watch(key, opts).await;
+        let mut attempt = 0u32;
+        loop {
+            let token = Token::random();
+            let mut pending = PendingAcquire::new(self.inner.clone(), key, &token);
+            let sent_at = Instant::now();
+            match backend.cas(key, None, &token, ttl).await {
+                Ok(CasOutcome::Acquired { fence }) => {
+                    pending.disarm();
+                    tracing::debug!(%key, %fence, waited = ?started.elapsed(), "lock acquired");
+                    return Ok(Some(self.guard(key, token, fence, ttl, sent_at)));
+                }
+                Ok(CasOutcome::Held(held)) => {
+                    pending.disarm();
+                    if opts.no_wait {
+                        return Ok(None);
+                    }
+                    self.pause(&mut watch, &held, attempt).await;
+                }
+                Err(e) if e.is_retryable() && !opts.no_wait => {
+                    tracing::debug!(%key, error = %e, "acquire attempt failed; retrying");
+                    drop(pending);
+                    tokio::time::sleep(self.inner.cfg.retry.delay(attempt)).await;
+                }
+                Err(e) => return Err(e),
+            }
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    async fn acquire_fair(&self, key: &LockKey, ttl: Duration) -> Result<LockGuard, Error> {
+        if !self.inner.caps.fair_queue {
+            return Err(Error::Unsupported {
+                backend: self.inner.backend.name(),
+                what: "fair queue",
+            });
+        }
+        let token = Token::random();
+        let mut pending = PendingAcquire::new(self.inner.clone(), key, &token);
+        let fence = self.inner.backend.fair_acquire(key, &token, ttl).await?;
+        let sent_at = Instant::now();
+        pending.disarm();
+        Ok(self.guard(key, token, fence, ttl, sent_at))
+    }
+
+    async fn open_watch(&self, key: &LockKey, opts: &LockOptions) -> Option<Box<dyn ReleaseWatch>> {
+        if opts.no_wait || !self.inner.caps.notifies_release {
+            return None;
+        }
+        match self.inner.backend.watch(key).await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::debug!(%key, error = %e, "no release watch; polling instead");
+                None
+            }
+        }
+    }
+
+    /// Sleeps until a release notification, the holder's expiry, or the retry delay.
+    async fn pause(&self, watch: &mut Option<Box<dyn ReleaseWatch>>, held: &Held, attempt: u32) {
+        let mut delay = self.inner.cfg.retry.delay(attempt);
+        if let Some(left) = held.expires_in {
+            delay = delay.min(left + Duration::from_millis(1));
+        }
+        let Some(w) = watch.as_mut() else {
+            tokio::time::sleep(delay).await;
+            return;
+        };
+        tokio::select! {
+            r = w.released(held) => if let Err(e) = r {
+                tracing::debug!(error = %e, "release watch failed; polling instead");
+                *watch = None;
+            },
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+
+    fn guard(
+        &self,
+        key: &LockKey,
+        token: Token,
+        fence: crate::Fence,
+        ttl: Duration,
+        sent_at: Instant,
+    ) -> LockGuard {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let expiry = self.inner.backend.earliest_expiry(ttl, sent_at);
+        let grant = Grant {
+            key: key.clone(),
+            token,
+            fence,
+            ttl,
+        };
+        let hold = Hold::new(id, grant, self.inner.cfg.drift, sent_at, expiry);
+        let hold = self.inner.register(hold);
+        LockGuard::new(self.inner.clone(), hold)
+    }
+}
+
+fn default_config() -> Config {
+    Config {
+        ttl: Duration::from_secs(30),
+        drift: 0.02,
+        retry: RetryPolicy::default(),
+        on_lost: None,
+        release_timeout: Duration::from_secs(5),
+    }
+}

@@ -1,0 +1,178 @@
+//! An in-process backend that meets the whole contract: for tests of code
+//! that uses locks, and as the reference the conformance suite is checked on.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::{
+    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, ReleaseWatch, Token,
+};
+
+struct Entry {
+    holder: Token,
+    fence: Fence,
+    expires_at: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    entries: HashMap<String, Entry>,
+    last_fence: u64,
+    releases: HashMap<String, watch::Sender<u64>>,
+}
+
+/// An in-memory store. Clones share one store, so a clone is a "second
+/// handle" on the same locks. Fences come from one counter and never repeat.
+#[derive(Clone, Default)]
+pub struct MemoryBackend {
+    state: Arc<Mutex<State>>,
+}
+
+impl MemoryBackend {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+}
+
+impl State {
+    fn live(&mut self, key: &str, now: Instant) -> Option<&Entry> {
+        if self.entries.get(key).is_some_and(|e| e.expires_at <= now) {
+            self.entries.remove(key);
+        }
+        self.entries.get(key)
+    }
+
+    fn notify(&mut self, key: &str) {
+        if let Some(tx) = self.releases.get(key) {
+            tx.send_modify(|n| *n += 1);
+            if tx.receiver_count() == 0 {
+                self.releases.remove(key);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let current = st.live(key.as_str(), now);
+        let matches = current.map(|e| &e.holder) == expected;
+        if !matches {
+            return Ok(CasOutcome::Held(Held {
+                holder: current.map(|e| e.holder.clone()),
+                expires_in: current.map(|e| e.expires_at.saturating_duration_since(now)),
+                revision: None,
+            }));
+        }
+        let fence = match current {
+            Some(e) if &e.holder == new => e.fence,
+            _ => {
+                st.last_fence += 1;
+                Fence(st.last_fence)
+            }
+        };
+        let entry = Entry {
+            holder: new.clone(),
+            fence,
+            expires_at: now + ttl,
+        };
+        st.entries.insert(key.as_str().to_owned(), entry);
+        Ok(CasOutcome::Acquired { fence })
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        let mut st = self.lock();
+        let ours = st.live(key.as_str(), Instant::now()).map(|e| &e.holder) == Some(owner);
+        if ours {
+            st.entries.remove(key.as_str());
+            st.notify(key.as_str());
+        }
+        Ok(ours)
+    }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+            .with_notifications()
+            .with_inspect()
+            .with_batch_renew()
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
+        let mut st = self.lock();
+        let tx = st
+            .releases
+            .entry(key.as_str().to_owned())
+            .or_insert_with(|| watch::Sender::new(0));
+        Ok(Some(Box::new(MemoryWatch { rx: tx.subscribe() })))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        Ok(st
+            .live(key.as_str(), now)
+            .map(|e| info(key.as_str(), e, now)))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
+        let now = Instant::now();
+        let st = self.lock();
+        let mut out: Vec<HolderInfo> = st
+            .entries
+            .iter()
+            .filter(|(k, e)| k.starts_with(prefix) && e.expires_at > now)
+            .map(|(k, e)| info(k, e, now))
+            .collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+}
+
+fn info(key: &str, e: &Entry, now: Instant) -> HolderInfo {
+    HolderInfo {
+        key: key.to_owned(),
+        holder: e.holder.clone(),
+        fence: Some(e.fence),
+        expires_in: Some(e.expires_at.saturating_duration_since(now)),
+    }
+}
+
+struct MemoryWatch {
+    rx: watch::Receiver<u64>,
+}
+
+#[async_trait]
+impl ReleaseWatch for MemoryWatch {
+    async fn released(&mut self, _held: &Held) -> Result<(), Error> {
+        if self.rx.changed().await.is_err() {
+            // The sender is gone (nobody else watches): fall back to the retry delay.
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+}

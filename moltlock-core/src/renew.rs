@@ -1,0 +1,132 @@
+//! The renewal driver: one task per manager renews all of its holds.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::hold::Hold;
+use crate::manager::Inner;
+use crate::{metrics, LostReason, RenewItem};
+
+/// How long the driver sleeps when it has nothing scheduled.
+const IDLE: Duration = Duration::from_secs(3600);
+
+/// Runs until the manager is gone or holds nothing.
+pub(crate) async fn drive(inner: Weak<Inner>, wake: Arc<Notify>) {
+    loop {
+        let notified = wake.notified();
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let Some(next) = round(&inner).await else {
+            return;
+        };
+        drop(inner);
+        tokio::select! {
+            _ = notified => {}
+            _ = tokio::time::sleep_until(next) => {}
+        }
+    }
+}
+
+/// One pass: expire overdue holds, renew the due ones in one batch. Returns
+/// when to look again, or `None` (having cleared the driver slot) when the
+/// manager holds nothing.
+async fn round(inner: &Arc<Inner>) -> Option<Instant> {
+    let holds = snapshot(inner)?;
+    let now = Instant::now();
+    for hold in holds.iter().filter(|h| h.valid_until() <= now) {
+        inner.finish(hold, LostReason::Deadline);
+    }
+    let due: Vec<Arc<Hold>> = holds
+        .into_iter()
+        .filter(|h| !h.is_lost() && h.next_renew() <= now + h.interval / 8)
+        .collect();
+    if !due.is_empty() {
+        renew(inner, &due).await;
+    }
+    Some(next_wake(inner))
+}
+
+fn snapshot(inner: &Arc<Inner>) -> Option<Vec<Arc<Hold>>> {
+    let mut reg = inner.registry();
+    if reg.holds.is_empty() {
+        reg.driver = None;
+        return None;
+    }
+    Some(reg.holds.values().cloned().collect())
+}
+
+async fn renew(inner: &Arc<Inner>, due: &[Arc<Hold>]) {
+    let items: Vec<RenewItem> = due
+        .iter()
+        .map(|h| RenewItem {
+            key: h.key.clone(),
+            token: h.token.clone(),
+            ttl: h.ttl,
+        })
+        .collect();
+    let Some(deadline) = due.iter().map(|h| h.valid_until()).min() else {
+        return;
+    };
+    let sent_at = Instant::now();
+    let name = inner.backend.name();
+    let result = tokio::time::timeout_at(deadline, inner.backend.renew_many(&items)).await;
+    match result {
+        Ok(Ok(held)) if held.len() == due.len() => {
+            metrics::renewed(name, due.len());
+            for (hold, still) in due.iter().zip(held) {
+                if still {
+                    hold.confirm(sent_at, inner.backend.earliest_expiry(hold.ttl, sent_at));
+                } else {
+                    inner.finish(hold, LostReason::Refused);
+                }
+            }
+        }
+        Ok(Ok(held)) => {
+            tracing::warn!(
+                asked = due.len(),
+                answered = held.len(),
+                "renewal answered the wrong number of holds"
+            );
+            retry_soon(due);
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, holds = due.len(), "renewal failed; retrying");
+            metrics::renew_failed(name);
+            retry_soon(due);
+        }
+        Err(_) => {
+            tracing::warn!(
+                holds = due.len(),
+                "renewal did not answer before a validity deadline"
+            );
+            metrics::renew_failed(name);
+            for hold in due {
+                inner.finish(hold, LostReason::Deadline);
+            }
+            retry_soon(due);
+        }
+    }
+}
+
+fn retry_soon(due: &[Arc<Hold>]) {
+    let now = Instant::now();
+    for hold in due {
+        let step = (hold.interval / 6).max(Duration::from_millis(20));
+        hold.set_next_renew(now + step);
+    }
+}
+
+fn next_wake(inner: &Arc<Inner>) -> Instant {
+    let reg = inner.registry();
+    let now = Instant::now();
+    reg.holds
+        .values()
+        .map(|h| h.next_renew().min(h.valid_until()))
+        .min()
+        .unwrap_or(now + IDLE)
+        .max(now + Duration::from_millis(1))
+}

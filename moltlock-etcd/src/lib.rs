@@ -1,0 +1,1 @@
+//! MoltLock backend for etcd (work in progress).

@@ -1,0 +1,1 @@
+//! MoltLock backend for redis (work in progress).

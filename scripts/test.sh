@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs the whole test suite against real servers. Installs what is missing,
+# points the tests at the machine's shared Redis, Postgres and MariaDB when
+# they answer, and lets the fixtures start their own servers (etcd always;
+# Redis and Postgres when no shared one answers).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+if [ -z "${MOLTLOCK_REDIS_URL:-}" ] && port_open 6379; then
+  export MOLTLOCK_REDIS_URL=redis://127.0.0.1:6379/
+fi
+if [ -z "${MOLTLOCK_POSTGRES_URL:-}" ] && port_open 5432; then
+  export MOLTLOCK_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test
+fi
+if [ -z "${MOLTLOCK_MYSQL_URL:-}" ] && port_open 3306; then
+  export MOLTLOCK_MYSQL_URL=mysql://root@127.0.0.1:3306/test
+fi
+echo "shared stores: redis=${MOLTLOCK_REDIS_URL:-fixture} postgres=${MOLTLOCK_POSTGRES_URL:-fixture} mysql=${MOLTLOCK_MYSQL_URL:-none}"
+
+cargo test --workspace --all-features "$@"

@@ -1,0 +1,936 @@
+//! The cases of the suite, one function per point of the lock contract.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use moltlock_core::{
+    Backend, CasOutcome, Error, Fence, LockManager, LockOptions, LostReason, RetryPolicy, Token,
+};
+use tokio::time::Instant;
+
+use crate::{Case, CaseResult, Factory, FencedResource, Outcome, OverlapDetector, Partition};
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+));
+        }
+    };
+}
+
+macro_rules! case {
+    ($name:ident) => {
+        Case {
+            name: stringify!($name),
+            run: |f| Box::pin($name(f)),
+        }
+    };
+}
+
+/// Every case, in the order `run_all` runs them.
+pub const ALL: &[Case] = &[
+    case!(acquire_and_release),
+    case!(try_lock_on_held_key_returns_none),
+    case!(distinct_keys_do_not_conflict),
+    case!(mutual_exclusion_under_contention),
+    case!(mutual_exclusion_across_clients),
+    case!(release_with_foreign_token_changes_nothing),
+    case!(renew_with_foreign_token_changes_nothing),
+    case!(cas_with_wrong_expected_changes_nothing),
+    case!(double_release_reports_not_held),
+    case!(key_expires_after_ttl),
+    case!(waiter_acquires_after_holder_stops_renewing),
+    case!(renewal_keeps_lock_past_several_ttls),
+    case!(batch_renewal_keeps_many_locks),
+    case!(fences_increase_across_release),
+    case!(fences_increase_across_expiry),
+    case!(fences_increase_across_clients),
+    case!(fenced_resource_refuses_stale_holder),
+    case!(lost_fires_when_key_deleted_behind_holder),
+    case!(lost_fires_before_store_expiry_when_cut_off),
+    case!(lost_callback_is_called),
+    case!(lock_timeout_returns_timeout_error),
+    case!(dropped_waiter_leaves_no_hold),
+    case!(cancelled_acquires_leave_no_orphan),
+    case!(dropped_guard_releases_key),
+    case!(empty_key_rejected),
+    case!(overlong_key_rejected),
+    case!(control_character_key_rejected),
+    case!(longest_allowed_key_and_unicode_work),
+    case!(bad_ttl_rejected),
+    case!(tokens_are_random_uuid_v4),
+    case!(release_wakes_waiter_quickly),
+    case!(inspect_reports_holder),
+    case!(fair_queue_serves_in_arrival_order),
+];
+
+fn err(e: Error) -> String {
+    e.to_string()
+}
+
+/// A key under a prefix of its own, so cases can share a store.
+fn key(case: &str) -> String {
+    format!("mlconf/{case}/{}", uuid::Uuid::new_v4().simple())
+}
+
+/// The short TTL the expiry cases use: 1 s, or the backend's floor.
+fn short_ttl(b: &Arc<dyn Backend>) -> Duration {
+    b.capabilities().min_ttl.max(Duration::from_secs(1))
+}
+
+fn manager(b: &Arc<dyn Backend>, ttl: Duration) -> Result<LockManager, String> {
+    LockManager::builder_arc(b.clone())
+        .ttl(ttl)
+        .retry(RetryPolicy::Fixed(Duration::from_millis(20)))
+        .build()
+        .map_err(err)
+}
+
+async fn raw_acquire(
+    b: &Arc<dyn Backend>,
+    key: &str,
+    ttl: Duration,
+) -> Result<(Token, Fence), String> {
+    let k = key.parse().map_err(err)?;
+    let token = Token::random();
+    match b.cas(&k, None, &token, ttl).await.map_err(err)? {
+        CasOutcome::Acquired { fence } => Ok((token, fence)),
+        CasOutcome::Held(h) => Err(format!("expected a free key, found it held: {h:?}")),
+    }
+}
+
+async fn is_free(b: &Arc<dyn Backend>, key: &str, ttl: Duration) -> Result<bool, String> {
+    let k = key.parse().map_err(err)?;
+    let token = Token::random();
+    match b.cas(&k, None, &token, ttl).await.map_err(err)? {
+        CasOutcome::Acquired { .. } => {
+            b.delete(&k, &token).await.map_err(err)?;
+            Ok(true)
+        }
+        CasOutcome::Held(_) => Ok(false),
+    }
+}
+
+/// Polls until `key` is free, for at most `within`.
+async fn becomes_free(b: &Arc<dyn Backend>, key: &str, within: Duration) -> Result<bool, String> {
+    let until = Instant::now() + within;
+    loop {
+        if is_free(b, key, Duration::from_secs(5).max(short_ttl(b))).await? {
+            return Ok(true);
+        }
+        if Instant::now() >= until {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Acquire, see the hold, release, acquire again.
+pub async fn acquire_and_release(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(10))?;
+    let k = key("acquire");
+    let g = m.lock(&k).await.map_err(err)?;
+    ensure!(g.is_held(), "a fresh guard must be held");
+    ensure!(g.key().as_str() == k, "the guard names another key");
+    ensure!(g.check().is_ok(), "check() must pass on a fresh guard");
+    g.release().await.map_err(err)?;
+    let again = m.try_lock(&k).await.map_err(err)?;
+    ensure!(again.is_some(), "the key must be free after release");
+    Ok(Outcome::Passed)
+}
+
+/// `try_lock` returns `None` at once while another owner holds the key.
+pub async fn try_lock_on_held_key_returns_none(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(10))?;
+    let k = key("trylock");
+    let g = m.lock(&k).await.map_err(err)?;
+    let other = manager(&f.open().await?, Duration::from_secs(10))?;
+    let started = Instant::now();
+    let second = other.try_lock(&k).await.map_err(err)?;
+    ensure!(second.is_none(), "try_lock on a held key must return None");
+    ensure!(
+        started.elapsed() < Duration::from_secs(2),
+        "try_lock must not wait (took {:?})",
+        started.elapsed()
+    );
+    ensure!(g.is_held(), "the holder must still hold");
+    Ok(Outcome::Passed)
+}
+
+/// Holds on different keys are independent.
+pub async fn distinct_keys_do_not_conflict(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(10))?;
+    let base = key("distinct");
+    let mut guards = Vec::new();
+    for i in 0..5 {
+        let g = m.try_lock(format!("{base}/{i}")).await.map_err(err)?;
+        ensure!(g.is_some(), "key {i} of 5 distinct keys was not free");
+        guards.push(g);
+    }
+    Ok(Outcome::Passed)
+}
+
+async fn contend(
+    managers: Vec<LockManager>,
+    k: String,
+    tasks_per_manager: usize,
+    rounds: usize,
+) -> Result<OverlapDetector, String> {
+    let detector = OverlapDetector::new();
+    let mut handles = Vec::new();
+    for m in managers {
+        for _ in 0..tasks_per_manager {
+            let (m, k, d) = (m.clone(), k.clone(), detector.clone());
+            handles.push(tokio::spawn(async move {
+                for _ in 0..rounds {
+                    let g = m.lock(&k).await.map_err(err)?;
+                    d.enter();
+                    tokio::task::yield_now().await;
+                    d.exit();
+                    g.release().await.map_err(err)?;
+                }
+                Ok::<(), String>(())
+            }));
+        }
+    }
+    for h in handles {
+        h.await
+            .map_err(|e| format!("a contending task panicked: {e}"))??;
+    }
+    Ok(detector)
+}
+
+/// 16 tasks × 50 acquisitions of one key: never two inside at once.
+pub async fn mutual_exclusion_under_contention(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(10))?;
+    let d = contend(vec![m], key("mutex"), 16, 50).await?;
+    ensure!(
+        d.entries() == 800,
+        "expected 800 entries, saw {}",
+        d.entries()
+    );
+    ensure!(
+        d.overlaps() == 0,
+        "{} overlapping critical sections",
+        d.overlaps()
+    );
+    Ok(Outcome::Passed)
+}
+
+/// 4 clients (separate handles) × 4 tasks × 10 acquisitions: no overlap.
+pub async fn mutual_exclusion_across_clients(f: Factory) -> CaseResult {
+    let mut managers = Vec::new();
+    for _ in 0..4 {
+        managers.push(manager(&f.open().await?, Duration::from_secs(10))?);
+    }
+    let d = contend(managers, key("mutex-clients"), 4, 10).await?;
+    ensure!(
+        d.entries() == 160,
+        "expected 160 entries, saw {}",
+        d.entries()
+    );
+    ensure!(
+        d.overlaps() == 0,
+        "{} overlapping critical sections",
+        d.overlaps()
+    );
+    Ok(Outcome::Passed)
+}
+
+/// Deleting with a token that does not hold the key changes nothing.
+pub async fn release_with_foreign_token_changes_nothing(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let k = key("foreign-release");
+    let (_owner, _) = raw_acquire(&b, &k, Duration::from_secs(10)).await?;
+    let lk = k.parse().map_err(err)?;
+    let deleted = b.delete(&lk, &Token::random()).await.map_err(err)?;
+    ensure!(!deleted, "delete with a foreign token reported success");
+    ensure!(
+        !is_free(&b, &k, Duration::from_secs(10)).await?,
+        "a foreign delete freed the key"
+    );
+    let free_key = key("foreign-release-free");
+    let lk = free_key.parse().map_err(err)?;
+    let deleted = b.delete(&lk, &Token::random()).await.map_err(err)?;
+    ensure!(!deleted, "delete of a free key reported success");
+    Ok(Outcome::Passed)
+}
+
+/// Renewing with a token that does not hold the key changes nothing.
+pub async fn renew_with_foreign_token_changes_nothing(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let k = key("foreign-renew");
+    let (_owner, _) = raw_acquire(&b, &k, ttl).await?;
+    let lk = k.parse().map_err(err)?;
+    let stranger = Token::random();
+    let out = b
+        .cas(&lk, Some(&stranger), &stranger, Duration::from_secs(60))
+        .await
+        .map_err(err)?;
+    ensure!(
+        matches!(out, CasOutcome::Held(_)),
+        "renewal with a foreign token succeeded: {out:?}"
+    );
+    let other = f.open().await?;
+    ensure!(
+        becomes_free(&other, &k, ttl * 3).await?,
+        "a foreign renewal extended the hold past its TTL"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// `cas` with the wrong `expected` holder fails, on held and on free keys.
+pub async fn cas_with_wrong_expected_changes_nothing(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let k = key("wrong-expected");
+    let (owner, _) = raw_acquire(&b, &k, Duration::from_secs(10)).await?;
+    let lk = k.parse().map_err(err)?;
+    let (a, c) = (Token::random(), Token::random());
+    let out = b
+        .cas(&lk, Some(&a), &c, Duration::from_secs(10))
+        .await
+        .map_err(err)?;
+    ensure!(
+        matches!(out, CasOutcome::Held(_)),
+        "cas with a wrong expected holder succeeded"
+    );
+    ensure!(
+        b.delete(&lk, &owner).await.map_err(err)?,
+        "the owner lost the key after a failed cas"
+    );
+    let out = b
+        .cas(&lk, Some(&a), &c, Duration::from_secs(10))
+        .await
+        .map_err(err)?;
+    ensure!(
+        matches!(out, CasOutcome::Held(_)),
+        "cas expecting a holder succeeded on a free key"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// A second release of the same hold says it was not held.
+pub async fn double_release_reports_not_held(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(10))?;
+    let k = key("double-release");
+    let g = m.lock(&k).await.map_err(err)?;
+    let (lk, token) = (g.key().clone(), g.token().clone());
+    g.release().await.map_err(err)?;
+    let again = b.delete(&lk, &token).await.map_err(err)?;
+    ensure!(
+        !again,
+        "a second delete of a released hold reported success"
+    );
+    let g2 = m.lock(&k).await.map_err(err)?;
+    let stale = b.delete(&lk, &token).await.map_err(err)?;
+    ensure!(!stale, "a stale token deleted the next holder's key");
+    ensure!(g2.is_held(), "the next holder must still hold");
+    Ok(Outcome::Passed)
+}
+
+/// A hold nobody renews is still held before its TTL and free after it.
+pub async fn key_expires_after_ttl(f: Factory) -> CaseResult {
+    let holder = f.open().await?;
+    let ttl = short_ttl(&holder);
+    let k = key("expiry");
+    raw_acquire(&holder, &k, ttl).await?;
+    let other = f.open().await?;
+    ensure!(
+        !is_free(&other, &k, ttl).await?,
+        "the key was free right after acquisition"
+    );
+    tokio::time::sleep(ttl / 2).await;
+    ensure!(
+        !is_free(&other, &k, ttl).await?,
+        "the key was free at half its TTL"
+    );
+    tokio::time::sleep(ttl / 2).await;
+    ensure!(
+        becomes_free(&other, &k, ttl * 2).await?,
+        "the key was still held long after its TTL"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// A waiting `lock()` gets the key once an unrenewed hold expires.
+pub async fn waiter_acquires_after_holder_stops_renewing(f: Factory) -> CaseResult {
+    let holder = f.open().await?;
+    let ttl = short_ttl(&holder);
+    let k = key("waiter-expiry");
+    let started = Instant::now();
+    raw_acquire(&holder, &k, ttl).await?;
+    let m = manager(&f.open().await?, ttl)?;
+    let g = m.lock_timeout(&k, ttl * 4).await.map_err(err)?;
+    let waited = started.elapsed();
+    ensure!(
+        waited >= ttl.mul_f64(0.9),
+        "acquired after {waited:?}, before the TTL {ttl:?}"
+    );
+    ensure!(g.is_held(), "the waiter's guard must be held");
+    Ok(Outcome::Passed)
+}
+
+/// A guard that lives for several TTLs keeps its key all along.
+pub async fn renewal_keeps_lock_past_several_ttls(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let m = manager(&b, ttl)?;
+    let k = key("renewal");
+    let g = m.lock(&k).await.map_err(err)?;
+    let other = manager(&f.open().await?, ttl)?;
+    let until = Instant::now() + ttl * 3;
+    while Instant::now() < until {
+        ensure!(g.is_held(), "the guard stopped being held while renewed");
+        let stolen = other.try_lock(&k).await.map_err(err)?;
+        ensure!(stolen.is_none(), "another client acquired a renewed key");
+        tokio::time::sleep(ttl / 4).await;
+    }
+    g.release().await.map_err(err)?;
+    Ok(Outcome::Passed)
+}
+
+/// 20 holds of one manager all stay held across three TTLs.
+pub async fn batch_renewal_keeps_many_locks(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let m = manager(&b, ttl)?;
+    let base = key("batch");
+    let mut guards = Vec::new();
+    for i in 0..20 {
+        guards.push(m.lock(format!("{base}/{i}")).await.map_err(err)?);
+    }
+    tokio::time::sleep(ttl * 3).await;
+    let other = f.open().await?;
+    for (i, g) in guards.iter().enumerate() {
+        ensure!(g.is_held(), "hold {i} of 20 was lost");
+        ensure!(
+            !is_free(&other, &format!("{base}/{i}"), ttl).await?,
+            "key {i} of 20 expired"
+        );
+    }
+    ensure!(
+        m.held_count() == 20,
+        "the manager renews {} holds, not 20",
+        m.held_count()
+    );
+    Ok(Outcome::Passed)
+}
+
+/// Fences grow strictly from one acquisition to the next after release.
+pub async fn fences_increase_across_release(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(10))?;
+    let k = key("fence-release");
+    let mut last: Option<Fence> = None;
+    for i in 0..10 {
+        let g = m.lock(&k).await.map_err(err)?;
+        if let Some(prev) = last {
+            ensure!(
+                g.fence() > prev,
+                "fence {} after {prev} at round {i}",
+                g.fence()
+            );
+        }
+        last = Some(g.fence());
+        g.release().await.map_err(err)?;
+    }
+    Ok(Outcome::Passed)
+}
+
+/// A fence after expiry exceeds the expired hold's fence.
+pub async fn fences_increase_across_expiry(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let k = key("fence-expiry");
+    let (_, first) = raw_acquire(&b, &k, ttl).await?;
+    let m = manager(&f.open().await?, ttl)?;
+    let g = m.lock_timeout(&k, ttl * 4).await.map_err(err)?;
+    ensure!(
+        g.fence() > first,
+        "fence {} after expiry of fence {first}",
+        g.fence()
+    );
+    Ok(Outcome::Passed)
+}
+
+/// Fences keep growing when a new client (a restarted process) takes over.
+pub async fn fences_increase_across_clients(f: Factory) -> CaseResult {
+    let k = key("fence-clients");
+    let mut last: Option<Fence> = None;
+    for i in 0..4 {
+        let m = manager(&f.open().await?, Duration::from_secs(10))?;
+        let g = m.lock(&k).await.map_err(err)?;
+        if let Some(prev) = last {
+            ensure!(
+                g.fence() > prev,
+                "client {i} got fence {} after {prev}",
+                g.fence()
+            );
+        }
+        last = Some(g.fence());
+        g.release().await.map_err(err)?;
+    }
+    Ok(Outcome::Passed)
+}
+
+/// A resource that remembers fences refuses the expired holder's late write.
+pub async fn fenced_resource_refuses_stale_holder(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let k = key("fenced");
+    let resource = FencedResource::new();
+    let (_, stale) = raw_acquire(&b, &k, ttl).await?;
+    ensure!(
+        resource.write(stale),
+        "the first holder's write was refused"
+    );
+    let m = manager(&f.open().await?, ttl)?;
+    let g = m.lock_timeout(&k, ttl * 4).await.map_err(err)?;
+    ensure!(
+        resource.write(g.fence()),
+        "the new holder's write was refused"
+    );
+    ensure!(
+        !resource.write(stale),
+        "the stale holder's late write was accepted"
+    );
+    ensure!(resource.accepted() == 2, "expected 2 accepted writes");
+    Ok(Outcome::Passed)
+}
+
+/// Deleting the key behind the holder's back fires `lost()` within about one
+/// renewal interval (TTL/3).
+pub async fn lost_fires_when_key_deleted_behind_holder(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b) * 3;
+    let m = manager(&b, ttl)?;
+    let k = key("lost-deleted");
+    let g = m.lock(&k).await.map_err(err)?;
+    let other = f.open().await?;
+    ensure!(
+        other.delete(g.key(), g.token()).await.map_err(err)?,
+        "the second handle could not delete the hold"
+    );
+    let deleted_at = Instant::now();
+    let bound = ttl / 3 + ttl / 6;
+    let reason = tokio::time::timeout(bound, g.lost()).await;
+    ensure!(
+        reason.is_ok(),
+        "lost() did not fire within {bound:?} of the deletion"
+    );
+    ensure!(!g.is_held(), "is_held() is true after lost()");
+    ensure!(g.check().is_err(), "check() passes after lost()");
+    ensure!(
+        deleted_at.elapsed() < ttl,
+        "lost() fired only after a whole TTL"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// When renewals stop reaching the store, `lost()` fires before the store
+/// could hand the key to anyone else.
+pub async fn lost_fires_before_store_expiry_when_cut_off(f: Factory) -> CaseResult {
+    let store = f.open().await?;
+    let ttl = short_ttl(&store) * 2;
+    let cut = Partition::new(store);
+    let m = LockManager::builder(cut.clone())
+        .ttl(ttl)
+        .drift(0.1)
+        .build()
+        .map_err(err)?;
+    let k = key("lost-cut");
+    let g = m.lock(&k).await.map_err(err)?;
+    let acquired_at = Instant::now();
+    cut.cut();
+    let reason = tokio::time::timeout(ttl * 2, g.lost()).await;
+    let lost_at = Instant::now();
+    let other = f.open().await?;
+    let still_held = !is_free(&other, &k, ttl).await?;
+    ensure!(reason.is_ok(), "lost() never fired while cut off");
+    ensure!(
+        lost_at < acquired_at + ttl,
+        "lost() fired {:?} after acquisition, past the TTL {ttl:?}",
+        lost_at - acquired_at
+    );
+    ensure!(
+        still_held,
+        "the store had already freed the key when lost() fired"
+    );
+    ensure!(!g.is_held(), "is_held() is true after lost()");
+    cut.heal();
+    drop(g);
+    ensure!(
+        becomes_free(&other, &k, ttl * 2).await?,
+        "the key never became free after the cut-off holder gave up"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// The manager's lost callback runs once for a lost hold, not for releases.
+pub async fn lost_callback_is_called(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b) * 3;
+    let calls = Arc::new(AtomicU64::new(0));
+    let seen = calls.clone();
+    let m = LockManager::builder_arc(b.clone())
+        .ttl(ttl)
+        .on_lost(move |ev| {
+            if ev.reason != LostReason::Released {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .build()
+        .map_err(err)?;
+    let released = m.lock(key("callback-released")).await.map_err(err)?;
+    released.release().await.map_err(err)?;
+    let g = m.lock(key("callback-lost")).await.map_err(err)?;
+    let other = f.open().await?;
+    other.delete(g.key(), g.token()).await.map_err(err)?;
+    let until = Instant::now() + ttl;
+    while calls.load(Ordering::SeqCst) == 0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(ttl / 3).await;
+    let n = calls.load(Ordering::SeqCst);
+    ensure!(n == 1, "the lost callback ran {n} times, not once");
+    Ok(Outcome::Passed)
+}
+
+/// `lock_timeout` on a held key gives `Error::Timeout` after about the timeout.
+pub async fn lock_timeout_returns_timeout_error(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(10))?;
+    let k = key("timeout");
+    let _g = m.lock(&k).await.map_err(err)?;
+    let started = Instant::now();
+    let res = m.lock_timeout(&k, Duration::from_millis(300)).await;
+    let took = started.elapsed();
+    ensure!(
+        matches!(res, Err(Error::Timeout { .. })),
+        "expected Error::Timeout, got {res:?}"
+    );
+    ensure!(
+        took >= Duration::from_millis(290),
+        "timed out early, after {took:?}"
+    );
+    ensure!(
+        took < Duration::from_secs(3),
+        "timed out late, after {took:?}"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// Dropping a waiting `lock()` future leaves no hold once the holder releases.
+pub async fn dropped_waiter_leaves_no_hold(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(10))?;
+    let k = key("dropped-waiter");
+    let g = m.lock(&k).await.map_err(err)?;
+    let waiter = manager(&f.open().await?, Duration::from_secs(10))?;
+    let w = tokio::time::timeout(Duration::from_millis(200), waiter.lock(&k)).await;
+    ensure!(w.is_err(), "the waiter acquired a held key");
+    g.release().await.map_err(err)?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let third = f.open().await?;
+    ensure!(
+        is_free(&third, &k, Duration::from_secs(10)).await?,
+        "a dropped waiter left a hold"
+    );
+    ensure!(
+        waiter.held_count() == 0,
+        "the dropped waiter's manager renews a hold"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// Acquisitions cancelled at random points leave no hold behind for long.
+pub async fn cancelled_acquires_leave_no_orphan(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = Duration::from_secs(30);
+    let m = manager(&b, ttl)?;
+    let k = key("cancelled");
+    for i in 0..40u64 {
+        let budget = Duration::from_micros(fastish_random(i) % 3000);
+        if let Ok(r) = tokio::time::timeout(budget, m.lock(&k)).await {
+            r.map_err(err)?.release().await.map_err(err)?;
+        }
+    }
+    let other = f.open().await?;
+    ensure!(
+        becomes_free(&other, &k, Duration::from_secs(5)).await?,
+        "a cancelled acquire left a hold that outlived its cleanup (TTL is {ttl:?})"
+    );
+    Ok(Outcome::Passed)
+}
+
+fn fastish_random(seed: u64) -> u64 {
+    let x = uuid::Uuid::new_v4().as_u128() as u64;
+    x ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// Dropping a guard releases its key in the background, soon.
+pub async fn dropped_guard_releases_key(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(30))?;
+    let k = key("dropped-guard");
+    let g = m.lock(&k).await.map_err(err)?;
+    drop(g);
+    let other = f.open().await?;
+    ensure!(
+        becomes_free(&other, &k, Duration::from_secs(3)).await?,
+        "a dropped guard kept its key"
+    );
+    ensure!(
+        m.held_count() == 0,
+        "the manager still renews a dropped guard"
+    );
+    Ok(Outcome::Passed)
+}
+
+fn invalid_key(res: Result<Option<moltlock_core::LockGuard>, Error>) -> bool {
+    matches!(res, Err(Error::InvalidKey { .. }))
+}
+
+/// An empty key is refused with `Error::InvalidKey`.
+pub async fn empty_key_rejected(f: Factory) -> CaseResult {
+    let m = manager(&f.open().await?, Duration::from_secs(10))?;
+    ensure!(
+        invalid_key(m.try_lock("").await),
+        "an empty key was not refused as InvalidKey"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// A key longer than the backend's limit is refused with `Error::InvalidKey`.
+pub async fn overlong_key_rejected(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(10))?;
+    let limit = b.capabilities().max_key_len;
+    let long = "k".repeat(limit + 1);
+    ensure!(
+        invalid_key(m.try_lock(&long).await),
+        "a {}-byte key was not refused",
+        limit + 1
+    );
+    let huge = "k".repeat(1 << 20);
+    ensure!(
+        invalid_key(m.try_lock(&huge).await),
+        "a 1 MiB key was not refused"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// Keys with NUL, newline or other control characters are refused.
+pub async fn control_character_key_rejected(f: Factory) -> CaseResult {
+    let m = manager(&f.open().await?, Duration::from_secs(10))?;
+    for bad in [
+        "a\0b",
+        "line\nbreak",
+        "esc\u{1b}[0m",
+        "tab\there",
+        "del\u{7f}",
+    ] {
+        ensure!(
+            invalid_key(m.try_lock(bad).await),
+            "the key {bad:?} was not refused"
+        );
+    }
+    Ok(Outcome::Passed)
+}
+
+/// The longest key the backend declares, and non-ASCII keys, work.
+pub async fn longest_allowed_key_and_unicode_work(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(10))?;
+    let limit = b.capabilities().max_key_len;
+    let prefix = key("long");
+    let mut longest = prefix.clone();
+    while longest.len() < limit {
+        longest.push('x');
+    }
+    let g = m.try_lock(&longest).await.map_err(err)?;
+    ensure!(
+        g.is_some(),
+        "a key of exactly {limit} bytes was not acquired"
+    );
+    let uni = format!("{prefix}/ключ/锁/🔒 space'quote\"");
+    let g = m.try_lock(&uni).await.map_err(err)?;
+    ensure!(g.is_some(), "a Unicode key was not acquired");
+    let again = manager(&f.open().await?, Duration::from_secs(10))?;
+    ensure!(
+        again.try_lock(&uni).await.map_err(err)?.is_none(),
+        "the Unicode key was not exclusive"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// Zero, too-short and too-long TTLs are refused with `Error::InvalidTtl`.
+pub async fn bad_ttl_rejected(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(10))?;
+    let k = key("ttl");
+    let floor = b.capabilities().min_ttl.max(moltlock_core::MIN_TTL);
+    let below = floor.saturating_sub(Duration::from_millis(1));
+    for ttl in [
+        Duration::ZERO,
+        below,
+        moltlock_core::MAX_TTL + Duration::from_secs(1),
+    ] {
+        let res = m.acquire(&k, LockOptions::new().ttl(ttl).no_wait()).await;
+        ensure!(
+            matches!(res, Err(Error::InvalidTtl { .. })),
+            "TTL {ttl:?} was not refused as InvalidTtl: {res:?}"
+        );
+    }
+    let built = LockManager::builder_arc(b).ttl(Duration::ZERO).build();
+    ensure!(built.is_err(), "a manager with a zero TTL was built");
+    ensure!(
+        is_free(&f.open().await?, &k, floor).await?,
+        "a refused TTL left a hold"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// Owner tokens are distinct random UUID v4 values.
+pub async fn tokens_are_random_uuid_v4(f: Factory) -> CaseResult {
+    let m = manager(&f.open().await?, Duration::from_secs(10))?;
+    let k = key("tokens");
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..20 {
+        let g = m.lock(&k).await.map_err(err)?;
+        let id = uuid::Uuid::parse_str(g.token().as_str())
+            .map_err(|e| format!("token is not a UUID: {e}"))?;
+        ensure!(id.get_version_num() == 4, "token is not a version 4 UUID");
+        ensure!(seen.insert(id), "a token repeated");
+        g.release().await.map_err(err)?;
+    }
+    Ok(Outcome::Passed)
+}
+
+/// With release notifications, a waiter gets the key well before its next
+/// poll would (the retry policy here waits 5 s).
+pub async fn release_wakes_waiter_quickly(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    if !b.capabilities().notifies_release {
+        return Ok(Outcome::Skipped(
+            "the backend declares no release notifications".into(),
+        ));
+    }
+    let holder = manager(&b, Duration::from_secs(10))?;
+    let waiter = LockManager::builder_arc(f.open().await?)
+        .ttl(Duration::from_secs(10))
+        .retry(RetryPolicy::Fixed(Duration::from_secs(5)))
+        .build()
+        .map_err(err)?;
+    let k = key("wakeup");
+    let g = holder.lock(&k).await.map_err(err)?;
+    let k2 = k.clone();
+    let task = tokio::spawn(async move {
+        let g = waiter.lock(&k2).await.map_err(err)?;
+        Ok::<_, String>((Instant::now(), g))
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released_at = Instant::now();
+    g.release().await.map_err(err)?;
+    let (acquired_at, _g) = task.await.map_err(|e| e.to_string())??;
+    let gap = acquired_at - released_at;
+    ensure!(
+        gap < Duration::from_secs(1),
+        "the waiter took {gap:?} after the release"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// `inspect` and `list` report the holder, its fence and time left.
+pub async fn inspect_reports_holder(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    if !b.capabilities().inspect {
+        return Ok(Outcome::Skipped("the backend declares no inspect".into()));
+    }
+    let m = manager(&b, Duration::from_secs(10))?;
+    let k = key("inspect");
+    let g = m.lock(&k).await.map_err(err)?;
+    let info = b.inspect(g.key()).await.map_err(err)?;
+    let info = info.ok_or("inspect found no holder of a held key")?;
+    ensure!(&info.holder == g.token(), "inspect reports another holder");
+    ensure!(info.key == k, "inspect reports the key {:?}", info.key);
+    if let Some(fence) = info.fence {
+        ensure!(
+            fence == g.fence(),
+            "inspect reports fence {fence}, not {}",
+            g.fence()
+        );
+    }
+    if let Some(left) = info.expires_in {
+        ensure!(
+            left <= Duration::from_secs(10),
+            "inspect reports {left:?} left of a 10 s TTL"
+        );
+    }
+    let prefix = k.rsplit_once('/').map(|(p, _)| p).unwrap_or(&k);
+    let listed = b.list(prefix).await.map_err(err)?;
+    ensure!(
+        listed.iter().any(|i| i.key == k),
+        "list under {prefix:?} misses the hold"
+    );
+    g.release().await.map_err(err)?;
+    let info = b.inspect(&k.parse().map_err(err)?).await.map_err(err)?;
+    ensure!(info.is_none(), "inspect reports a holder after release");
+    Ok(Outcome::Passed)
+}
+
+/// In fair mode waiters get the key strictly in arrival order.
+pub async fn fair_queue_serves_in_arrival_order(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    if !b.capabilities().fair_queue {
+        return Ok(Outcome::Skipped(
+            "the backend declares no fair queue".into(),
+        ));
+    }
+    let m = manager(&b, Duration::from_secs(10))?;
+    let k = key("fair");
+    let first = m
+        .acquire(&k, LockOptions::new().fair())
+        .await
+        .map_err(err)?;
+    let first = first.ok_or("fair acquire returned no guard")?;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5usize {
+        let (m, k, order) = (
+            manager(&f.open().await?, Duration::from_secs(10))?,
+            k.clone(),
+            order.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let g = m
+                .acquire(&k, LockOptions::new().fair())
+                .await
+                .map_err(err)?;
+            let g = g.ok_or("fair acquire returned no guard")?;
+            if let Ok(mut o) = order.lock() {
+                o.push(i);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            g.release().await.map_err(err)
+        }));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    first.release().await.map_err(err)?;
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    let got = order.lock().map(|o| o.clone()).unwrap_or_default();
+    ensure!(
+        got == vec![0, 1, 2, 3, 4],
+        "served in the order {got:?}, not arrival order"
+    );
+    Ok(Outcome::Passed)
+}

@@ -1,0 +1,174 @@
+//! Test helpers: a partition switch, a fenced resource and an overlap detector.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use moltlock_core::{
+    async_trait, Backend, Capabilities, CasOutcome, Error, Fence, HolderInfo, LockKey,
+    ReleaseWatch, RenewItem, Token,
+};
+use tokio::sync::Notify;
+
+/// Wraps a backend with a switch that makes every call hang, as if the
+/// client were cut off from the store or paused; healing lets calls through.
+#[derive(Clone)]
+pub struct Partition {
+    inner: Arc<dyn Backend>,
+    cut: Arc<AtomicBool>,
+    healed: Arc<Notify>,
+}
+
+impl Partition {
+    /// A partition switch over `inner`, closed (calls go through).
+    pub fn new(inner: Arc<dyn Backend>) -> Self {
+        Self {
+            inner,
+            cut: Arc::new(AtomicBool::new(false)),
+            healed: Arc::new(Notify::new()),
+        }
+    }
+
+    /// From now on every call hangs until [`heal`](Self::heal).
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+    }
+
+    /// Lets calls through again.
+    pub fn heal(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+        self.healed.notify_waiters();
+    }
+
+    async fn gate(&self) {
+        loop {
+            let healed = self.healed.notified();
+            if !self.cut.load(Ordering::SeqCst) {
+                return;
+            }
+            healed.await;
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for Partition {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        self.gate().await;
+        self.inner.cas(key, expected, new, ttl).await
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        self.gate().await;
+        self.inner.delete(key, owner).await
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn earliest_expiry(
+        &self,
+        ttl: Duration,
+        sent_at: tokio::time::Instant,
+    ) -> tokio::time::Instant {
+        self.inner.earliest_expiry(ttl, sent_at)
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
+        self.gate().await;
+        self.inner.watch(key).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        self.gate().await;
+        self.inner.inspect(key).await
+    }
+
+    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        self.gate().await;
+        self.inner.renew_many(items).await
+    }
+}
+
+/// A resource that remembers the highest fence it has accepted and refuses
+/// writes that carry a lower one.
+#[derive(Clone, Default)]
+pub struct FencedResource {
+    highest: Arc<Mutex<Option<Fence>>>,
+    writes: Arc<AtomicU64>,
+}
+
+impl FencedResource {
+    /// An empty resource.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Accepts the write if `fence` is at least the highest seen.
+    pub fn write(&self, fence: Fence) -> bool {
+        let mut highest = match self.highest.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if highest.is_some_and(|h| fence < h) {
+            return false;
+        }
+        *highest = Some(fence);
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        true
+    }
+
+    /// How many writes were accepted.
+    pub fn accepted(&self) -> u64 {
+        self.writes.load(Ordering::SeqCst)
+    }
+}
+
+/// Counts callers inside a critical section and records any overlap.
+#[derive(Clone, Default)]
+pub struct OverlapDetector {
+    inside: Arc<AtomicU64>,
+    overlaps: Arc<AtomicU64>,
+    entries: Arc<AtomicU64>,
+}
+
+impl OverlapDetector {
+    /// A detector with nobody inside.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Marks entry into the critical section.
+    pub fn enter(&self) {
+        self.entries.fetch_add(1, Ordering::SeqCst);
+        if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Marks exit from the critical section.
+    pub fn exit(&self) {
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// How many entries found someone already inside.
+    pub fn overlaps(&self) -> u64 {
+        self.overlaps.load(Ordering::SeqCst)
+    }
+
+    /// How many entries there were.
+    pub fn entries(&self) -> u64 {
+        self.entries.load(Ordering::SeqCst)
+    }
+}
