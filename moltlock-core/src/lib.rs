@@ -28,6 +28,7 @@
 mod backend;
 mod cleanup;
 mod error;
+mod events;
 mod guard;
 mod hold;
 mod manager;
@@ -40,6 +41,7 @@ mod types;
 pub use async_trait::async_trait;
 pub use backend::{Backend, Capabilities, CasOutcome, Held, HolderInfo, ReleaseWatch, RenewItem};
 pub use error::{Error, LostReason};
+pub use events::KeyEvents;
 pub use guard::LockGuard;
 pub use manager::{LockManager, LockManagerBuilder, LockOptions, LostEvent};
 pub use memory::MemoryBackend;

@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::{
-    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, ReleaseWatch, Token,
+    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, KeyEvents, LockKey,
+    ReleaseWatch, Token,
 };
 
 struct Entry {
@@ -23,7 +23,6 @@ struct Entry {
 struct State {
     entries: HashMap<String, Entry>,
     last_fence: u64,
-    releases: HashMap<String, watch::Sender<u64>>,
 }
 
 /// An in-memory store. Clones share one store, so a clone is a "second
@@ -31,6 +30,7 @@ struct State {
 #[derive(Clone, Default)]
 pub struct MemoryBackend {
     state: Arc<Mutex<State>>,
+    events: Arc<KeyEvents>,
 }
 
 impl MemoryBackend {
@@ -53,15 +53,6 @@ impl State {
             self.entries.remove(key);
         }
         self.entries.get(key)
-    }
-
-    fn notify(&mut self, key: &str) {
-        if let Some(tx) = self.releases.get(key) {
-            tx.send_modify(|n| *n += 1);
-            if tx.receiver_count() == 0 {
-                self.releases.remove(key);
-            }
-        }
     }
 }
 
@@ -106,7 +97,8 @@ impl Backend for MemoryBackend {
         let ours = st.live(key.as_str(), Instant::now()).map(|e| &e.holder) == Some(owner);
         if ours {
             st.entries.remove(key.as_str());
-            st.notify(key.as_str());
+            drop(st);
+            self.events.fire(key.as_str());
         }
         Ok(ours)
     }
@@ -123,12 +115,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
-        let mut st = self.lock();
-        let tx = st
-            .releases
-            .entry(key.as_str().to_owned())
-            .or_insert_with(|| watch::Sender::new(0));
-        Ok(Some(Box::new(MemoryWatch { rx: tx.subscribe() })))
+        Ok(Some(self.events.subscribe(key.as_str())))
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
@@ -159,20 +146,5 @@ fn info(key: &str, e: &Entry, now: Instant) -> HolderInfo {
         holder: e.holder.clone(),
         fence: Some(e.fence),
         expires_in: Some(e.expires_at.saturating_duration_since(now)),
-    }
-}
-
-struct MemoryWatch {
-    rx: watch::Receiver<u64>,
-}
-
-#[async_trait]
-impl ReleaseWatch for MemoryWatch {
-    async fn released(&mut self, _held: &Held) -> Result<(), Error> {
-        if self.rx.changed().await.is_err() {
-            // The sender is gone (nobody else watches): fall back to the retry delay.
-            std::future::pending::<()>().await;
-        }
-        Ok(())
     }
 }
