@@ -1,1 +1,82 @@
-//! MoltLock backend for redis (work in progress).
+//! MoltLock backend for Redis: `SET NX PX` semantics in one Lua script per
+//! operation, pub/sub wake-ups, fences that survive a restart, Redis Cluster,
+//! TLS and ACL users.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use moltlock_core::LockManager;
+//! use moltlock_redis::RedisBackend;
+//!
+//! # async fn run() -> Result<(), moltlock_core::Error> {
+//! let backend = RedisBackend::from_url("redis://127.0.0.1:6379/0").await?;
+//! let manager = LockManager::builder(backend).ttl(Duration::from_secs(10)).build()?;
+//! let guard = manager.lock("jobs/nightly").await?;
+//! guard.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Keys
+//!
+//! A lock key `k` lives at `<prefix>{k}` (the owner token, with a `PX`
+//! expiry) and its fence at `<prefix>{k}:fence`; `%` and `}` inside `k` are
+//! written `%25` and `%7D`. The braces are a Cluster hash tag, so every
+//! script touches one slot. The default prefix is `moltlock:`. Keys are 1 to
+//! 256 bytes (core's limit); TTLs 10 ms to one week.
+//!
+//! # Operations
+//!
+//! - acquire: one script does the `SET NX PX` and advances the fence, and on
+//!   failure returns the holder and its `PTTL`, so a waiter sleeps at most
+//!   until the hold expires;
+//! - renew: compare-and-`PEXPIRE`; release: compare-and-`DEL`, then
+//!   `PUBLISH` on the key's channel. Never a read followed by a separate
+//!   write;
+//! - scripts go as `EVALSHA`, repeated as `EVAL` when the script cache was
+//!   flushed (`NOSCRIPT`);
+//! - `renew_many` renews all holds of a manager in one pipelined round trip
+//!   (in Cluster mode: one script per hold, all in flight at once);
+//! - waiting: one pub/sub connection per backend (`PSUBSCRIBE <prefix>{*`)
+//!   shared by all waiters, reconnecting by itself; while it is down the
+//!   manager polls by its retry policy.
+//!
+//! # Fencing guarantee and its limits
+//!
+//! Each acquisition sets the fence to `max(stored fence + 1, server TIME in
+//! microseconds)`, inside the acquire script. So fences strictly increase
+//! per key while the fence key exists, and — because the fence key is never
+//! given an expiry — across release and expiry too. When Redis restarts
+//! *without persistence* (or the key is flushed or evicted), the stored
+//! fence is lost, but the next fence is the server's clock in microseconds,
+//! which is greater than every earlier fence as long as:
+//!
+//! - the server's clock did not step backwards across the restart (an NTP
+//!   step, a different host after failover with a slower clock), and
+//! - earlier fences did not run ahead of the clock (they only do if a key is
+//!   acquired more than once per microsecond, which one Redis cannot do).
+//!
+//! A failover to a replica that had not yet received the latest fence write
+//! is covered by the same clock rule (the replica's clock must not be
+//! behind the old primary's by more than the time since that write). Lua
+//! numbers are doubles: fences are exact up to 2^53 µs (the year 2255).
+//! Fence keys stay in Redis (about 80 bytes per distinct lock key) so the
+//! counter survives; delete them by hand for keys never used again.
+//!
+//! # Limits
+//!
+//! Redis replication is asynchronous: a failover can lose a hold just
+//! written (the usual caveat of single-instance Redis locks; no Redlock).
+
+mod backend;
+mod config;
+mod conn;
+mod error;
+mod keys;
+mod pubsub;
+mod scripts;
+
+pub use backend::{RedisBackend, MIN_TTL};
+pub use config::{
+    Mode, RedisConfig, RedisConfigBuilder, Secret, TlsFiles, DEFAULT_COMMAND_TIMEOUT,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
+};

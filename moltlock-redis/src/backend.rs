@@ -1,0 +1,335 @@
+//! `impl Backend for RedisBackend`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use moltlock_core::{
+    async_trait, check_ttl, Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo,
+    LockKey, ReleaseWatch, RenewItem, Token,
+};
+use redis::{Client, RedisResult};
+use tokio::sync::OnceCell;
+
+use crate::config::{Mode, RedisConfig};
+use crate::conn::{self, Conn};
+use crate::error::{bad_reply, map, timed_out, NAME};
+use crate::keys::Layout;
+use crate::pubsub::Notifier;
+use crate::scripts::{self, ACQUIRE, INSPECT, RELEASE, SWAP};
+
+/// The shortest TTL this backend accepts.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+
+/// What this backend offers on top of CAS and delete.
+const CAPABILITIES: Capabilities = Capabilities::new()
+    .with_notifications()
+    .with_inspect()
+    .with_batch_renew()
+    .with_min_ttl(MIN_TTL)
+    .with_max_key_len(moltlock_core::MAX_KEY_LEN);
+
+/// A script's reply: `(1, fence, _)` when taken or renewed, `(0, holder, pttl)`
+/// when someone else holds the key.
+type CasReply = (i64, Option<String>, i64);
+
+/// Locks on Redis (one server or a Cluster).
+///
+/// Cheap to clone: clones share one command connection (which reconnects
+/// by itself) and one pub/sub connection (opened on the first wait).
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    layout: Layout,
+    cfg: RedisConfig,
+    clients: Vec<Client>,
+    notifier: OnceCell<Notifier>,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("config", &self.inner.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBackend {
+    /// Connects with `cfg`.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when no server answers within the connect
+    /// timeout, [`Error::Auth`] for refused credentials, [`Error::Config`]
+    /// for unusable TLS material.
+    ///
+    /// Cancel safe: dropping the future drops the half-open connection.
+    pub async fn connect(cfg: RedisConfig) -> Result<Self, Error> {
+        let clients = conn::clients(&cfg)?;
+        let conn = conn::connect(&cfg, &clients).await?;
+        let layout = Layout::new(cfg.key_prefix());
+        let inner = Inner {
+            conn,
+            layout,
+            cfg,
+            clients,
+            notifier: OnceCell::new(),
+        };
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Parses `url` (see [`RedisConfig::from_url`]) and connects.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a bad URL, else as [`RedisBackend::connect`].
+    pub async fn from_url(url: &str) -> Result<Self, Error> {
+        Self::connect(RedisConfig::from_url(url)?).await
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.cfg
+    }
+
+    /// Runs one script with the command timeout.
+    async fn script<T: redis::FromRedisValue>(
+        &self,
+        lua: &scripts::Lua,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<T, Error> {
+        let mut conn = self.inner.conn.clone();
+        self.timed(lua.run(&mut conn, keys, args)).await
+    }
+
+    /// Bounds a request by the command timeout and maps its error.
+    async fn timed<T>(
+        &self,
+        fut: impl std::future::Future<Output = RedisResult<T>>,
+    ) -> Result<T, Error> {
+        tokio::time::timeout(self.inner.cfg.command_timeout(), fut)
+            .await
+            .map_err(|_| timed_out("a Redis command"))?
+            .map_err(map)
+    }
+
+    fn check(&self, key: &LockKey, ttl: Duration) -> Result<(), Error> {
+        key.check_len(CAPABILITIES.max_key_len)?;
+        check_ttl(ttl, CAPABILITIES.min_ttl)
+    }
+
+    async fn notifier(&self) -> &Notifier {
+        self.inner
+            .notifier
+            .get_or_init(|| async {
+                Notifier::start(
+                    self.inner.clients.clone(),
+                    self.inner.layout.channel_pattern(),
+                    self.inner.cfg.connect_timeout(),
+                )
+            })
+            .await
+    }
+
+    /// Renews in one pipelined round trip (single server).
+    async fn renew_pipelined(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        let layout = &self.inner.layout;
+        let keys: Vec<(String, String, String)> = items
+            .iter()
+            .map(|i| (layout.lock(&i.key), layout.fence(&i.key), millis(i.ttl)))
+            .collect();
+        let build = |by_source: bool| {
+            let mut pipe = redis::pipe();
+            for (item, (lock, fence, ttl)) in items.iter().zip(&keys) {
+                let token = item.token.as_str();
+                pipe.add_command(SWAP.cmd(by_source, &[lock, fence], &[token, token, ttl]));
+            }
+            pipe
+        };
+        let mut conn = self.inner.conn.clone();
+        let replies: Vec<CasReply> = self.timed(scripts::run_pipeline(&mut conn, build)).await?;
+        Ok(replies.into_iter().map(|(ok, _, _)| ok == 1).collect())
+    }
+
+    /// Renews concurrently, one script per hold (cluster: holds live on
+    /// different slots, so no single pipeline can carry them).
+    async fn renew_concurrently(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        let calls = items
+            .iter()
+            .map(|i| self.cas(&i.key, Some(&i.token), &i.token, i.ttl));
+        let outcomes = futures_util::future::join_all(calls).await;
+        outcomes
+            .into_iter()
+            .map(|o| o.map(|o| matches!(o, CasOutcome::Acquired { .. })))
+            .collect()
+    }
+
+    /// Every stored lock key under the caller's `prefix`.
+    async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>, Error> {
+        let pattern = self.inner.layout.scan_pattern(prefix);
+        let mut conn = self.inner.conn.clone();
+        if self.inner.cfg.mode() == Mode::Cluster {
+            // KEYS goes to every primary; SCAN cursors cannot span nodes.
+            let cmd = redis::cmd("KEYS").arg(&pattern).to_owned();
+            return self.timed(cmd.query_async(&mut conn)).await;
+        }
+        let mut out = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(500);
+            let (next, batch): (u64, Vec<String>) = self.timed(cmd.query_async(&mut conn)).await?;
+            out.extend(batch);
+            if next == 0 {
+                return Ok(out);
+            }
+            cursor = next;
+        }
+    }
+}
+
+fn millis(ttl: Duration) -> String {
+    ttl.as_millis().max(1).to_string()
+}
+
+fn parse_fence(text: Option<String>) -> Result<Fence, Error> {
+    text.as_deref()
+        .and_then(|t| t.parse::<u64>().ok())
+        .map(Fence)
+        .ok_or_else(|| bad_reply(format!("fence {text:?}")))
+}
+
+fn expires_in(pttl: i64) -> Option<Duration> {
+    u64::try_from(pttl).ok().map(Duration::from_millis)
+}
+
+fn outcome(reply: CasReply) -> Result<CasOutcome, Error> {
+    match reply {
+        (1, fence, _) => Ok(CasOutcome::Acquired {
+            fence: parse_fence(fence)?,
+        }),
+        (0, holder, pttl) => Ok(CasOutcome::Held(Held {
+            holder: holder.map(Token::from_stored),
+            expires_in: expires_in(pttl),
+            revision: None,
+        })),
+        (other, _, _) => Err(bad_reply(format!("status {other}"))),
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    /// One script, one round trip: takes a free key and advances its fence
+    /// (`expected == None`), renews it (`expected == Some(new)`), or hands
+    /// it over. A failed attempt reports the holder and its PTTL.
+    ///
+    /// Cancel safe in the manager's sense: a dropped call may still land;
+    /// the manager then deletes the hold by its token.
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        self.check(key, ttl)?;
+        let layout = &self.inner.layout;
+        let (lock, fence, ttl) = (layout.lock(key), layout.fence(key), millis(ttl));
+        let keys = [lock.as_str(), fence.as_str()];
+        let reply: CasReply = match expected {
+            None => self.script(&ACQUIRE, &keys, &[new.as_str(), &ttl]).await?,
+            Some(old) => {
+                let args = [old.as_str(), new.as_str(), &ttl];
+                self.script(&SWAP, &keys, &args).await?
+            }
+        };
+        outcome(reply)
+    }
+
+    /// Compare-and-DEL in one script; a successful delete publishes on the
+    /// key's release channel.
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        key.check_len(CAPABILITIES.max_key_len)?;
+        let layout = &self.inner.layout;
+        let (lock, channel) = (layout.lock(key), layout.channel(key));
+        let done: i64 = self
+            .script(&RELEASE, &[&lock], &[owner.as_str(), &channel])
+            .await?;
+        Ok(done == 1)
+    }
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    /// Registers on the backend's shared pub/sub subscription. Errors when
+    /// the subscription is not live within the connect timeout; the manager
+    /// then polls.
+    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
+        let channel = self.inner.layout.channel(key);
+        let within = self.inner.cfg.connect_timeout();
+        let w = self.notifier().await.watch(channel, within).await?;
+        Ok(Some(Box::new(w)))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        key.check_len(CAPABILITIES.max_key_len)?;
+        let layout = &self.inner.layout;
+        let (lock, fence) = (layout.lock(key), layout.fence(key));
+        let (holder, fence, pttl): (Option<String>, Option<String>, i64) =
+            self.script(&INSPECT, &[&lock, &fence], &[]).await?;
+        let Some(holder) = holder else {
+            return Ok(None);
+        };
+        Ok(Some(HolderInfo {
+            key: key.as_str().to_owned(),
+            holder: Token::from_stored(holder),
+            fence: fence.and_then(|f| f.parse().ok()).map(Fence),
+            expires_in: expires_in(pttl),
+        }))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
+        let mut out = Vec::new();
+        for stored in self.stored_keys(prefix).await? {
+            let Some(key) = self.inner.layout.caller_key(&stored) else {
+                continue;
+            };
+            let Ok(key) = LockKey::new(key) else {
+                continue;
+            };
+            if let Some(info) = self.inspect(&key).await? {
+                out.push(info);
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    /// Single server: all holds in one pipelined round trip. Cluster: one
+    /// script per hold, all in flight at once.
+    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        for i in items {
+            self.check(&i.key, i.ttl)?;
+        }
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self.inner.cfg.mode() {
+            Mode::Single => self.renew_pipelined(items).await,
+            Mode::Cluster => self.renew_concurrently(items).await,
+        }
+    }
+}

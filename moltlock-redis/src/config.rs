@@ -1,0 +1,402 @@
+//! Connection settings: a builder, `from_url`, and secrets kept out of `Debug`.
+
+use std::fmt;
+use std::time::Duration;
+
+use moltlock_core::Error;
+use percent_encoding::percent_decode_str;
+
+/// The key prefix used when none is configured.
+pub const DEFAULT_PREFIX: &str = "moltlock:";
+/// The connect timeout used when none is configured.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The per-command timeout used when none is configured.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A password (or key) that never shows in `Debug` output or logs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself; use it only to hand it to the client library.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// How the backend talks to Redis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// One server (or a primary behind a proxy).
+    Single,
+    /// A Redis Cluster; the nodes given are seeds, the rest is discovered.
+    Cluster,
+}
+
+/// PEM material for TLS connections (`rediss://`).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// CA certificate(s) to trust instead of the system roots.
+    pub ca_cert_pem: Option<Vec<u8>>,
+    /// Client certificate and key for mutual TLS.
+    pub client_cert_pem: Option<(Vec<u8>, Secret)>,
+}
+
+impl fmt::Debug for TlsFiles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsFiles")
+            .field("ca_cert", &self.ca_cert_pem.is_some())
+            .field("client_cert", &self.client_cert_pem.is_some())
+            .finish()
+    }
+}
+
+/// Everything needed to open a [`RedisBackend`](crate::RedisBackend).
+///
+/// Build one with [`RedisConfig::builder`] or [`RedisConfig::from_url`]. The
+/// password is held as a [`Secret`] and never appears in `Debug` output.
+#[derive(Clone, Debug)]
+pub struct RedisConfig {
+    pub(crate) mode: Mode,
+    pub(crate) tls: bool,
+    pub(crate) nodes: Vec<(String, u16)>,
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<Secret>,
+    pub(crate) database: i64,
+    pub(crate) prefix: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) command_timeout: Duration,
+    pub(crate) tls_files: TlsFiles,
+}
+
+impl RedisConfig {
+    /// A builder with the defaults: `127.0.0.1:6379`, database 0, prefix
+    /// [`DEFAULT_PREFIX`], no TLS, single-server mode.
+    pub fn builder() -> RedisConfigBuilder {
+        RedisConfigBuilder::default()
+    }
+
+    /// Parses a URL:
+    ///
+    /// - `redis://[user[:password]@]host[:port][/db]` — one server;
+    /// - `rediss://…` — the same over TLS (system roots unless a CA is set
+    ///   through [`RedisConfigBuilder::tls_ca_cert_pem`]);
+    /// - `redis+cluster://…` and `rediss+cluster://…` — a Redis Cluster seeded
+    ///   by the host given and any `node=host:port` query parameters.
+    ///
+    /// Query parameters: `key_prefix`, `connect_timeout_ms`,
+    /// `command_timeout_ms`, `node` (cluster seeds, repeatable).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an unparsable URL, an unknown scheme or
+    /// parameter, or a bad value.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        RedisConfigBuilder::default().url(url)?.build()
+    }
+
+    /// The key prefix.
+    pub fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Whether this is a cluster configuration.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The per-command timeout.
+    pub fn command_timeout(&self) -> Duration {
+        self.command_timeout
+    }
+
+    /// The connect timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+}
+
+/// Builds a [`RedisConfig`]; every setter has a default.
+#[derive(Clone, Debug)]
+pub struct RedisConfigBuilder {
+    cfg: RedisConfig,
+    explicit_nodes: bool,
+}
+
+impl Default for RedisConfigBuilder {
+    fn default() -> Self {
+        Self {
+            cfg: RedisConfig {
+                mode: Mode::Single,
+                tls: false,
+                nodes: vec![("127.0.0.1".into(), 6379)],
+                username: None,
+                password: None,
+                database: 0,
+                prefix: DEFAULT_PREFIX.into(),
+                connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+                command_timeout: DEFAULT_COMMAND_TIMEOUT,
+                tls_files: TlsFiles::default(),
+            },
+            explicit_nodes: false,
+        }
+    }
+}
+
+impl RedisConfigBuilder {
+    /// Adds a server address; the first call replaces the default
+    /// `127.0.0.1:6379`. In cluster mode each address is a seed node.
+    pub fn node(mut self, host: impl Into<String>, port: u16) -> Self {
+        if !self.explicit_nodes {
+            self.cfg.nodes.clear();
+            self.explicit_nodes = true;
+        }
+        self.cfg.nodes.push((host.into(), port));
+        self
+    }
+
+    /// Talks to a Redis Cluster (or to one server when `false`).
+    pub fn cluster(mut self, on: bool) -> Self {
+        self.cfg.mode = if on { Mode::Cluster } else { Mode::Single };
+        self
+    }
+
+    /// Connects over TLS.
+    pub fn tls(mut self, on: bool) -> Self {
+        self.cfg.tls = on;
+        self
+    }
+
+    /// Trusts this CA (PEM) for TLS instead of the system roots.
+    pub fn tls_ca_cert_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.cfg.tls_files.ca_cert_pem = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate and key (PEM) for mutual TLS.
+    pub fn tls_client_cert_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<String>) -> Self {
+        self.cfg.tls_files.client_cert_pem = Some((cert.into(), Secret::new(key)));
+        self
+    }
+
+    /// The ACL user name (Redis 6+).
+    pub fn username(mut self, user: impl Into<String>) -> Self {
+        self.cfg.username = Some(user.into());
+        self
+    }
+
+    /// The password (of the ACL user, or `requirepass`).
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.cfg.password = Some(Secret::new(password));
+        self
+    }
+
+    /// The database number (single-server mode only; a cluster has only 0).
+    pub fn database(mut self, db: i64) -> Self {
+        self.cfg.database = db;
+        self
+    }
+
+    /// The prefix of every key and channel this backend uses. It must not
+    /// contain `{` or `}` (the backend places a hash tag after it).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.cfg.prefix = prefix.into();
+        self
+    }
+
+    /// How long to wait for a connection to be made.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.cfg.connect_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for the answer to one command.
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.cfg.command_timeout = timeout;
+        self
+    }
+
+    /// Takes every setting a URL gives (see [`RedisConfig::from_url`]).
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the URL is not valid.
+    pub fn url(mut self, url: &str) -> Result<Self, Error> {
+        let parsed = url::Url::parse(url).map_err(|e| bad(format!("unparsable URL: {e}")))?;
+        let (tls, cluster) = scheme(parsed.scheme())?;
+        self = self.tls(tls).cluster(cluster);
+        let host = parsed
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| bad("the URL has no host"))?;
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        self = self.node(host, parsed.port().unwrap_or(6379));
+        self = self.url_credentials(&parsed)?;
+        self = self.url_database(&parsed)?;
+        for (name, value) in parsed.query_pairs() {
+            self = self.url_param(&name, &value)?;
+        }
+        Ok(self)
+    }
+
+    fn url_credentials(mut self, parsed: &url::Url) -> Result<Self, Error> {
+        if !parsed.username().is_empty() {
+            self = self.username(decode(parsed.username())?);
+        }
+        if let Some(pw) = parsed.password() {
+            self = self.password(decode(pw)?);
+        }
+        Ok(self)
+    }
+
+    fn url_database(self, parsed: &url::Url) -> Result<Self, Error> {
+        let path = parsed.path().trim_matches('/');
+        if path.is_empty() {
+            return Ok(self);
+        }
+        let db = path
+            .parse::<i64>()
+            .map_err(|_| bad(format!("the database {path:?} is not a number")))?;
+        Ok(self.database(db))
+    }
+
+    fn url_param(self, name: &str, value: &str) -> Result<Self, Error> {
+        match name {
+            "key_prefix" | "prefix" => Ok(self.key_prefix(value)),
+            "connect_timeout_ms" => Ok(self.connect_timeout(millis(name, value)?)),
+            "command_timeout_ms" => Ok(self.command_timeout(millis(name, value)?)),
+            "node" => {
+                let (host, port) = value
+                    .rsplit_once(':')
+                    .ok_or_else(|| bad(format!("node {value:?} is not host:port")))?;
+                let port = port
+                    .parse()
+                    .map_err(|_| bad(format!("node {value:?} has a bad port")))?;
+                Ok(self.node(host, port))
+            }
+            other => Err(bad(format!("unknown URL parameter {other:?}"))),
+        }
+    }
+
+    /// Checks the settings and returns the configuration.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a prefix with `{`, `}` or control characters,
+    /// no nodes, a zero timeout, a negative database, or a database other
+    /// than 0 in cluster mode.
+    pub fn build(self) -> Result<RedisConfig, Error> {
+        let cfg = self.cfg;
+        if cfg
+            .prefix
+            .chars()
+            .any(|c| c == '{' || c == '}' || c.is_control())
+        {
+            return Err(bad(
+                "the key prefix must not contain '{', '}' or control characters",
+            ));
+        }
+        if cfg.nodes.is_empty() {
+            return Err(bad("no Redis node given"));
+        }
+        if cfg.connect_timeout.is_zero() || cfg.command_timeout.is_zero() {
+            return Err(bad("timeouts must be greater than zero"));
+        }
+        if cfg.database < 0 || (cfg.mode == Mode::Cluster && cfg.database != 0) {
+            return Err(bad("the database must be >= 0, and 0 in cluster mode"));
+        }
+        Ok(cfg)
+    }
+}
+
+fn bad(msg: impl Into<String>) -> Error {
+    Error::Config(msg.into())
+}
+
+fn scheme(s: &str) -> Result<(bool, bool), Error> {
+    match s {
+        "redis" => Ok((false, false)),
+        "rediss" => Ok((true, false)),
+        "redis+cluster" => Ok((false, true)),
+        "rediss+cluster" => Ok((true, true)),
+        other => Err(bad(format!(
+            "unknown scheme {other:?}; use redis, rediss, redis+cluster or rediss+cluster"
+        ))),
+    }
+}
+
+fn decode(s: &str) -> Result<String, Error> {
+    percent_decode_str(s)
+        .decode_utf8()
+        .map(|c| c.into_owned())
+        .map_err(|_| bad("the URL's user or password is not UTF-8"))
+}
+
+fn millis(name: &str, value: &str) -> Result<Duration, Error> {
+    value
+        .parse::<u64>()
+        .map(Duration::from_millis)
+        .map_err(|_| bad(format!("{name}={value:?} is not a number of milliseconds")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_with_everything() -> Result<(), Error> {
+        let cfg = RedisConfig::from_url(
+            "rediss://locker:p%40ss@127.0.0.1:6390/3?key_prefix=app:&command_timeout_ms=250",
+        )?;
+        assert!(cfg.tls);
+        assert_eq!(cfg.nodes, vec![("127.0.0.1".to_string(), 6390)]);
+        assert_eq!(cfg.username.as_deref(), Some("locker"));
+        assert_eq!(cfg.password.as_ref().map(Secret::expose), Some("p@ss"));
+        assert_eq!(cfg.database, 3);
+        assert_eq!(cfg.prefix, "app:");
+        assert_eq!(cfg.command_timeout, Duration::from_millis(250));
+        let shown = format!("{cfg:?}");
+        assert!(
+            !shown.contains("p@ss") && !shown.contains("p%40ss"),
+            "{shown}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn cluster_url_with_seeds() -> Result<(), Error> {
+        let cfg = RedisConfig::from_url("redis+cluster://127.0.0.1:7000/?node=127.0.0.1:7001")?;
+        assert_eq!(cfg.mode, Mode::Cluster);
+        assert_eq!(cfg.nodes.len(), 2);
+        Ok(())
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors() {
+        for url in [
+            "http://127.0.0.1",
+            "redis://",
+            "not a url",
+            "redis://127.0.0.1/x",
+            "redis://127.0.0.1/?nope=1",
+            "redis://127.0.0.1/?key_prefix=a{b",
+            "redis+cluster://127.0.0.1/2",
+        ] {
+            assert!(
+                matches!(RedisConfig::from_url(url), Err(Error::Config(_))),
+                "{url}"
+            );
+        }
+    }
+}

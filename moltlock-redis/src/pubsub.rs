@@ -1,0 +1,201 @@
+//! Release wake-ups: ONE pub/sub connection per backend, shared by all its
+//! waiters.
+//!
+//! A background task PSUBSCRIBEs to the prefix's release channels and bumps
+//! a per-key generation counter (a `tokio::sync::watch`) on each message. A
+//! waiter registers a receiver for its key *before* its acquire attempt, so
+//! a release published between the attempt and the wait bumps a counter it
+//! already watches and is never missed. While the connection is down every
+//! waiter's `released()` errors (the manager then polls); after it comes back
+//! every key is bumped once, since releases may have been missed meanwhile.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use moltlock_core::{async_trait, Error, Held, ReleaseWatch};
+use redis::Client;
+use tokio::sync::{oneshot, watch};
+
+use crate::error::{map, timed_out, NAME};
+
+/// The longest pause between two reconnection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// State shared by the subscriber task and the waiters.
+struct Shared {
+    keys: Mutex<HashMap<String, watch::Sender<u64>>>,
+    up: watch::Sender<bool>,
+}
+
+impl Shared {
+    fn keys(&self) -> MutexGuard<'_, HashMap<String, watch::Sender<u64>>> {
+        self.keys.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn bump(&self, channel: &str) {
+        if let Some(tx) = self.keys().get(channel) {
+            tx.send_modify(|g| *g = g.wrapping_add(1));
+        }
+    }
+
+    fn bump_all(&self) {
+        for tx in self.keys().values() {
+            tx.send_modify(|g| *g = g.wrapping_add(1));
+        }
+    }
+
+    fn set_up(&self, up: bool) {
+        self.up.send_replace(up);
+        self.bump_all();
+    }
+}
+
+/// The subscriber of one backend; stops its task when dropped.
+pub(crate) struct Notifier {
+    shared: Arc<Shared>,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Notifier {
+    /// Starts the subscriber task on `clients` (tried in turn) for `pattern`.
+    pub(crate) fn start(clients: Vec<Client>, pattern: String, connect_timeout: Duration) -> Self {
+        let (up, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            keys: Mutex::new(HashMap::new()),
+            up,
+        });
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let task = Subscriber {
+            shared: shared.clone(),
+            clients,
+            pattern,
+            connect_timeout,
+        };
+        tokio::spawn(task.run(stop_rx));
+        Self {
+            shared,
+            _stop: stop_tx,
+        }
+    }
+
+    /// Registers a waiter for `channel`. Waits up to `within` for the
+    /// subscription to be live, else errors (the manager then polls).
+    pub(crate) async fn watch(&self, channel: String, within: Duration) -> Result<KeyWatch, Error> {
+        let rx = {
+            let mut keys = self.shared.keys();
+            keys.entry(channel.clone())
+                .or_insert_with(|| watch::channel(0).0)
+                .subscribe()
+        };
+        let w = KeyWatch {
+            shared: self.shared.clone(),
+            channel,
+            rx,
+            up: self.shared.up.subscribe(),
+        };
+        let mut up = self.shared.up.subscribe();
+        let live = matches!(
+            tokio::time::timeout(within, up.wait_for(|u| *u)).await,
+            Ok(Ok(_))
+        );
+        if live {
+            Ok(w)
+        } else {
+            Err(timed_out("subscribing to release notifications"))
+        }
+    }
+}
+
+/// The background task holding the pub/sub connection.
+struct Subscriber {
+    shared: Arc<Shared>,
+    clients: Vec<Client>,
+    pattern: String,
+    connect_timeout: Duration,
+}
+
+impl Subscriber {
+    async fn run(self, mut stop: oneshot::Receiver<()>) {
+        let mut failures = 0u32;
+        for attempt in 0usize.. {
+            let Some(client) = self.clients.get(attempt % self.clients.len().max(1)) else {
+                break;
+            };
+            tokio::select! {
+                done = self.serve(client) => match done {
+                    Ok(()) => failures = 0,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "release subscription failed");
+                        failures = failures.saturating_add(1);
+                    }
+                },
+                _ = &mut stop => break,
+            }
+            self.shared.set_up(false);
+            let pause = backoff(failures);
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = &mut stop => break,
+            }
+        }
+        self.shared.set_up(false);
+    }
+
+    /// Subscribes and dispatches until the connection ends.
+    async fn serve(&self, client: &Client) -> Result<(), Error> {
+        let mut pubsub = tokio::time::timeout(self.connect_timeout, client.get_async_pubsub())
+            .await
+            .map_err(|_| timed_out("opening the pub/sub connection"))?
+            .map_err(map)?;
+        tokio::time::timeout(self.connect_timeout, pubsub.psubscribe(&self.pattern))
+            .await
+            .map_err(|_| timed_out("PSUBSCRIBE"))?
+            .map_err(map)?;
+        self.shared.set_up(true);
+        let mut messages = pubsub.into_on_message();
+        while let Some(msg) = messages.next().await {
+            self.shared.bump(msg.get_channel_name());
+        }
+        Err(Error::unavailable(NAME, "the pub/sub connection closed"))
+    }
+}
+
+fn backoff(failures: u32) -> Duration {
+    let ms = 50u64.saturating_mul(1 << failures.min(6));
+    Duration::from_millis(ms).min(MAX_BACKOFF)
+}
+
+/// One waiter's subscription to one key's releases.
+pub(crate) struct KeyWatch {
+    shared: Arc<Shared>,
+    channel: String,
+    rx: watch::Receiver<u64>,
+    up: watch::Receiver<bool>,
+}
+
+#[async_trait]
+impl ReleaseWatch for KeyWatch {
+    async fn released(&mut self, _held: &Held) -> Result<(), Error> {
+        if !*self.up.borrow() {
+            return Err(Error::unavailable(NAME, "release notifications are down"));
+        }
+        tokio::select! {
+            r = self.rx.changed() => r.map_err(|_| Error::unavailable(NAME, "release notifications stopped")),
+            _ = self.up.wait_for(|u| !*u) => Err(Error::unavailable(NAME, "release notifications are down")),
+        }
+    }
+}
+
+impl Drop for KeyWatch {
+    fn drop(&mut self) {
+        let mut keys = self.shared.keys();
+        let last = keys
+            .get(&self.channel)
+            .is_some_and(|tx| tx.receiver_count() <= 1);
+        if last {
+            keys.remove(&self.channel);
+        }
+    }
+}

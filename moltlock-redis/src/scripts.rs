@@ -1,0 +1,151 @@
+//! The Lua scripts. Each runs atomically on the server and touches only the
+//! keys of one lock (one hash tag, so one Cluster slot). None reads and then
+//! writes across round trips.
+//!
+//! Scripts are sent as `EVALSHA`; when the server's script cache was flushed
+//! (`NOSCRIPT`, e.g. after a restart) the same call is repeated as `EVAL`
+//! with the source, which also caches it again.
+
+use std::sync::LazyLock;
+
+use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisResult};
+
+/// Advances the fence of `KEYS[2]` to `max(stored + 1, TIME in µs)` and
+/// leaves its text in the local `text`. Lua numbers are doubles: exact up to
+/// 2^53 µs (year 2255).
+const ADVANCE_FENCE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local fence = (tonumber(redis.call('GET', KEYS[2])) or 0) + 1
+if now > fence then fence = now end
+local text = string.format('%.0f', fence)
+redis.call('SET', KEYS[2], text)
+";
+
+/// `KEYS`: lock, fence. `ARGV`: token, ttl ms. Takes a free key (SET NX PX
+/// in effect) and advances the fence; or reports the holder and its PTTL.
+/// Reply: `{1, fence, 0}` or `{0, holder, pttl}`.
+pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        r"
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  return {{0, cur, redis.call('PTTL', KEYS[1])}}
+end
+{ADVANCE_FENCE}
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {{1, text, 0}}
+"
+    ))
+});
+
+/// `KEYS`: lock, fence. `ARGV`: expected, new, ttl ms. When `expected`
+/// holds the key: renews it (compare-and-PEXPIRE, same fence) if `new` is
+/// `expected`, else hands it to `new` with a new fence. Same reply as
+/// [`ACQUIRE`].
+pub(crate) static SWAP: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        r"
+local cur = redis.call('GET', KEYS[1])
+if cur ~= ARGV[1] then
+  return {{0, cur, redis.call('PTTL', KEYS[1])}}
+end
+if ARGV[2] == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {{1, redis.call('GET', KEYS[2]) or '0', 0}}
+end
+{ADVANCE_FENCE}
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return {{1, text, 0}}
+"
+    ))
+});
+
+/// `KEYS`: lock. `ARGV`: token, channel. Compare-and-DEL, then announces the
+/// release. Reply: 1 if deleted, else 0.
+pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+return 0
+"
+        .to_owned(),
+    )
+});
+
+/// `KEYS`: lock, fence. Reply: `{holder, fence, pttl}` (nils when free).
+pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  return {false, false, -2}
+end
+return {cur, redis.call('GET', KEYS[2]), redis.call('PTTL', KEYS[1])}
+"
+        .to_owned(),
+    )
+});
+
+/// A script with its source, for `EVALSHA` with an `EVAL` fallback.
+pub(crate) struct Lua {
+    source: String,
+    hash: String,
+}
+
+impl Lua {
+    fn new(source: String) -> Self {
+        let hash = redis::Script::new(&source).get_hash().to_owned();
+        Self { source, hash }
+    }
+
+    /// `EVALSHA` (or `EVAL` when `by_source`) of this script.
+    pub(crate) fn cmd(&self, by_source: bool, keys: &[&str], args: &[&str]) -> Cmd {
+        let mut cmd = if by_source {
+            redis::cmd("EVAL").arg(&self.source).to_owned()
+        } else {
+            redis::cmd("EVALSHA").arg(&self.hash).to_owned()
+        };
+        cmd.arg(keys.len()).arg(keys).arg(args);
+        cmd
+    }
+
+    /// Runs the script once, falling back to `EVAL` on `NOSCRIPT`.
+    pub(crate) async fn run<T, C>(
+        &self,
+        conn: &mut C,
+        keys: &[&str],
+        args: &[&str],
+    ) -> RedisResult<T>
+    where
+        T: FromRedisValue,
+        C: redis::aio::ConnectionLike + Send,
+    {
+        match self.cmd(false, keys, args).query_async(conn).await {
+            Err(e) if e.kind() == ErrorKind::NoScriptError => {
+                self.cmd(true, keys, args).query_async(conn).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// Runs a pipeline built by `build(by_source)`, rebuilding it with `EVAL`
+/// when the script cache was flushed.
+pub(crate) async fn run_pipeline<T, C>(
+    conn: &mut C,
+    build: impl Fn(bool) -> Pipeline,
+) -> RedisResult<T>
+where
+    T: FromRedisValue,
+    C: redis::aio::ConnectionLike + Send,
+{
+    match build(false).query_async(conn).await {
+        Err(e) if e.kind() == ErrorKind::NoScriptError => build(true).query_async(conn).await,
+        other => other,
+    }
+}
