@@ -1,1 +1,73 @@
-//! MoltLock backend for etcd (work in progress).
+//! MoltLock backend for etcd v3.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use moltlock_core::LockManager;
+//! use moltlock_etcd::EtcdBackend;
+//!
+//! # async fn run() -> Result<(), moltlock_core::Error> {
+//! let backend = EtcdBackend::from_url("etcd://127.0.0.1:2379/locks").await?;
+//! let manager = LockManager::builder(backend).ttl(Duration::from_secs(10)).build()?;
+//! let guard = manager.lock("jobs/nightly").await?;
+//! // … send guard.fence() with every write the lock protects …
+//! guard.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # How it works
+//!
+//! - **Session**: each [`EtcdBackend`] instance is one session with one lease
+//!   per distinct hold TTL (rounded up to whole seconds; etcd's floor is
+//!   2 s, so that is the shortest TTL accepted). No background task keeps
+//!   the lease alive: the manager's renewal driver calls
+//!   [`renew_many`](moltlock_core::Backend::renew_many) every TTL/3, which
+//!   sends one keep-alive per lease and checks with one read per 100 keys
+//!   that every key still holds its token. If nobody renews, the lease
+//!   expires and its keys vanish. A lease with less than 2/3 of its TTL left
+//!   is refreshed before a new hold is written on it, and
+//!   [`earliest_expiry`](moltlock_core::Backend::earliest_expiry) reports
+//!   the lease's own bound. A lease that is gone (revoked, expired) makes
+//!   every hold on it report lost; the next acquisition grants a fresh one.
+//!   Leases are shared by attempts, so a failed attempt never leaks one.
+//!   Note: any keep-alive of a lease extends every key on it, so within one
+//!   instance a hold written by a bare `cas` and never renewed lives as
+//!   long as other holds of the same TTL are renewed.
+//! - **Acquire**: `Txn(if create_revision(key) == 0 then put(key, token,
+//!   lease) else get(key))`. The fence is the key's create revision, which
+//!   grows with every acquisition, across clients and server restarts (etcd
+//!   revisions survive restarts with the data directory; restoring an older
+//!   snapshot or wiping the data breaks the order).
+//! - **Release**: `Txn(if value(key) == token then delete(key))`.
+//! - **Waiting**: a watch on the key from the revision right after the
+//!   failed attempt, so no release is missed; a compacted start revision
+//!   gives a spurious wake-up.
+//! - **Fair queue**: see [`fair`](crate#fair-queue) below.
+//!
+//! # Fair queue
+//!
+//! `LockOptions::fair()` waits in a queue of entries
+//! `<prefix><key>\0queue/<token>` ordered by create revision; each waiter
+//! watches only its predecessor, the holder keeps its entry until release,
+//! and the release deletes key and entry in one Txn, so one release wakes
+//! exactly one waiter. Non-fair acquisitions of the same key may overtake
+//! the queue but never break mutual exclusion.
+//!
+//! # Limits
+//!
+//! Keys: up to 256 bytes (core's limit); TTLs: 2 s (or the configured
+//! session TTL) to one week. Errors map as described in the `error` module:
+//! unreachable or leaderless etcd → `Unavailable`; bad credentials → `Auth`.
+
+mod backend;
+mod config;
+mod error;
+mod fair;
+mod session;
+mod url;
+mod watch;
+
+pub use backend::EtcdBackend;
+pub use config::{
+    EtcdConfig, EtcdConfigBuilder, Pem, TlsSettings, DEFAULT_PREFIX, MIN_SESSION_TTL,
+};

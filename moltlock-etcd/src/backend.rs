@@ -1,0 +1,514 @@
+//! [`EtcdBackend`]: the `Backend` implementation over etcd v3.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
+    TxnOpResponse, TxnResponse,
+};
+use moltlock_core::{
+    async_trait, Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey,
+    ReleaseWatch, RenewItem, Token,
+};
+use tokio::time::Instant;
+
+use crate::config::EtcdConfig;
+use crate::error::{call, is_lease_not_found, map, timed_out, NAME};
+use crate::session::Session;
+use crate::watch::KeyWatch;
+
+/// etcd's default limit of operations in one Txn is 128; batches stay below.
+const TXN_CHUNK: usize = 100;
+
+/// Marks queue entries: `<prefix><key>` + this + `<token>`. Lock keys never
+/// contain control characters, so no lock key can collide with a queue entry.
+pub(crate) const QUEUE_MARK: &str = "\u{0}queue/";
+
+/// A MoltLock backend on etcd v3.
+///
+/// Each instance is one session: the holds it writes hang on its own leases
+/// (one per distinct TTL, in whole seconds), kept alive by the manager's
+/// renewal rounds through [`Backend::renew_many`]. Cheap to clone; clones
+/// share the session. Give each [`LockManager`](moltlock_core::LockManager)
+/// its own instance.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    pub(crate) shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) client: Client,
+    pub(crate) session: Session,
+    pub(crate) prefix: String,
+    pub(crate) timeout: Duration,
+    pub(crate) min_ttl: Duration,
+    pub(crate) wakeups: Arc<AtomicU64>,
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("prefix", &self.shared.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdBackend {
+    /// Connects with `config` and checks that etcd answers (and, with auth,
+    /// that the credentials work).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for bad TLS files or endpoints, [`Error::Auth`] for
+    /// wrong credentials, [`Error::Unavailable`] when etcd does not answer.
+    pub async fn connect(config: EtcdConfig) -> Result<Self, Error> {
+        config.validate()?;
+        let opts = connect_options(&config)?;
+        let dial = config.dial_timeout;
+        let client = match tokio::time::timeout(
+            dial,
+            Client::connect(&config.endpoints, Some(opts)),
+        )
+        .await
+        {
+            Ok(r) => r.map_err(map)?,
+            Err(_) => return Err(timed_out("connecting", dial)),
+        };
+        let mut probe = client.clone();
+        let opts = GetOptions::new().with_count_only();
+        call(
+            "the first request",
+            dial + config.request_timeout,
+            probe.get(config.prefix.clone(), Some(opts)),
+        )
+        .await?;
+        let session = Session::new(client.clone(), config.session_ttl, config.request_timeout);
+        Ok(Self {
+            shared: Arc::new(Shared {
+                client,
+                session,
+                prefix: config.prefix,
+                timeout: config.request_timeout,
+                min_ttl: config.session_ttl,
+                wakeups: Arc::new(AtomicU64::new(0)),
+            }),
+        })
+    }
+
+    /// Parses `url` (see [`EtcdConfig::from_url`]) and connects.
+    ///
+    /// # Errors
+    /// As [`EtcdConfig::from_url`] and [`connect`](Self::connect).
+    pub async fn from_url(url: &str) -> Result<Self, Error> {
+        Self::connect(EtcdConfig::from_url(url)?).await
+    }
+
+    /// The etcd client, for administration beside the locks.
+    pub fn client(&self) -> &Client {
+        &self.shared.client
+    }
+
+    /// The key prefix of this backend's locks.
+    pub fn prefix(&self) -> &str {
+        &self.shared.prefix
+    }
+
+    /// The ids of the session's live leases (one per TTL in use).
+    pub fn lease_ids(&self) -> Vec<i64> {
+        self.shared.session.ids()
+    }
+
+    /// How many times a waiter of this instance was woken by a watch event
+    /// (release watches and fair-queue waits): a diagnostic that shows a
+    /// release wakes one waiter, not a herd.
+    pub fn watch_wakeups(&self) -> u64 {
+        self.shared.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// Ends the session: revokes its leases, so every hold it wrote vanishes
+    /// at once (their guards report `lost()` at the next renewal).
+    ///
+    /// # Errors
+    /// The failure of a revoke request.
+    pub async fn close(&self) -> Result<(), Error> {
+        self.shared.session.revoke_all().await
+    }
+}
+
+fn connect_options(cfg: &EtcdConfig) -> Result<ConnectOptions, Error> {
+    let mut opts = ConnectOptions::new()
+        .with_connect_timeout(cfg.dial_timeout)
+        .with_keep_alive(Duration::from_secs(2), cfg.dial_timeout)
+        .with_require_leader(true);
+    if let Some((user, pass)) = &cfg.user {
+        opts = opts.with_user(user.clone(), pass.clone());
+    }
+    if let Some(tls) = &cfg.tls {
+        let mut t = etcd_client::TlsOptions::new();
+        if let Some(ca) = &tls.ca {
+            t = t.ca_certificate(etcd_client::Certificate::from_pem(ca.load()?));
+        }
+        if let Some((cert, key)) = &tls.client {
+            t = t.identity(etcd_client::Identity::from_pem(cert.load()?, key.load()?));
+        }
+        if let Some(d) = &tls.domain {
+            t = t.domain_name(d.clone());
+        }
+        opts = opts.with_tls(t);
+    }
+    Ok(opts)
+}
+
+impl Shared {
+    pub(crate) fn full_key(&self, key: &LockKey) -> Vec<u8> {
+        format!("{}{}", self.prefix, key.as_str()).into_bytes()
+    }
+
+    pub(crate) fn queue_prefix(&self, key: &LockKey) -> Vec<u8> {
+        format!("{}{}{QUEUE_MARK}", self.prefix, key.as_str()).into_bytes()
+    }
+
+    pub(crate) fn queue_entry(&self, key: &LockKey, token: &Token) -> Vec<u8> {
+        format!(
+            "{}{}{QUEUE_MARK}{}",
+            self.prefix,
+            key.as_str(),
+            token.as_str()
+        )
+        .into_bytes()
+    }
+
+    pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse, etcd_client::Error> {
+        let mut kv = self.client.kv_client();
+        match tokio::time::timeout(self.timeout, kv.txn(txn)).await {
+            Ok(r) => r,
+            Err(_) => Err(etcd_client::Error::GRpcStatus(
+                tonic::Status::deadline_exceeded("txn did not answer within the request timeout"),
+            )),
+        }
+    }
+
+    /// `Txn(if create_revision(key) == 0 then put(key, token, lease) else get(key))`,
+    /// with one more try on a fresh lease if the session's lease vanished.
+    pub(crate) async fn create(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        let k = self.full_key(key);
+        let mut retried = false;
+        loop {
+            let lease = self.session.lease_for(ttl).await?;
+            let put = PutOptions::new().with_lease(lease.id);
+            let txn = Txn::new()
+                .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(k.clone(), token.as_str(), Some(put))])
+                .or_else([TxnOp::get(k.clone(), None)]);
+            match self.txn(txn).await {
+                Err(e) if is_lease_not_found(&e) && !retried => {
+                    self.session.forget(lease.id);
+                    retried = true;
+                }
+                Err(e) => return Err(map(e)),
+                Ok(resp) if resp.succeeded() => {
+                    return Ok(CasOutcome::Acquired {
+                        fence: fence(header_revision(&resp)?)?,
+                    })
+                }
+                Ok(resp) => return Ok(CasOutcome::Held(held(&resp))),
+            }
+        }
+    }
+
+    /// Renewal of one hold: compare the value, then keep its lease alive.
+    async fn renew_one(&self, key: &LockKey, token: &Token) -> Result<CasOutcome, Error> {
+        let k = self.full_key(key);
+        let txn = Txn::new()
+            .when([Compare::value(k.clone(), CompareOp::Equal, token.as_str())])
+            .and_then([TxnOp::get(k.clone(), None)])
+            .or_else([TxnOp::get(k, None)]);
+        let resp = self.txn(txn).await.map_err(map)?;
+        if !resp.succeeded() {
+            return Ok(CasOutcome::Held(held(&resp)));
+        }
+        let Some(kv) = first_kv(&resp) else {
+            return Ok(CasOutcome::Held(held(&resp)));
+        };
+        if kv.lease() != 0 && self.session.keep_alive(kv.lease()).await?.is_none() {
+            return Ok(CasOutcome::Held(Held::default()));
+        }
+        Ok(CasOutcome::Acquired {
+            fence: fence(kv.create_revision())?,
+        })
+    }
+
+    /// Hands a hold from `old` to `new`: compare value == old, then put new.
+    async fn replace(
+        &self,
+        key: &LockKey,
+        old: &Token,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        let k = self.full_key(key);
+        let lease = self.session.lease_for(ttl).await?;
+        let put = PutOptions::new().with_lease(lease.id);
+        let txn = Txn::new()
+            .when([Compare::value(k.clone(), CompareOp::Equal, old.as_str())])
+            .and_then([
+                TxnOp::put(k.clone(), new.as_str(), Some(put)),
+                TxnOp::get(k.clone(), None),
+            ])
+            .or_else([TxnOp::get(k, None)]);
+        let resp = self.txn(txn).await.map_err(map)?;
+        match first_kv(&resp) {
+            Some(kv) if resp.succeeded() => Ok(CasOutcome::Acquired {
+                fence: fence(kv.create_revision())?,
+            }),
+            _ => Ok(CasOutcome::Held(held(&resp))),
+        }
+    }
+
+    /// Owner-checked release: the key goes only if `owner` holds it; the
+    /// owner's fair-queue entry (if any) goes either way.
+    pub(crate) async fn release(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        let k = self.full_key(key);
+        let entry = self.queue_entry(key, owner);
+        let txn = Txn::new()
+            .when([Compare::value(k.clone(), CompareOp::Equal, owner.as_str())])
+            .and_then([TxnOp::delete(k, None), TxnOp::delete(entry.clone(), None)])
+            .or_else([TxnOp::delete(entry, None)]);
+        Ok(self.txn(txn).await.map_err(map)?.succeeded())
+    }
+
+    /// Whether each `(key, token)` still holds, in Txns of at most
+    /// [`TXN_CHUNK`] reads.
+    async fn still_held(&self, items: &[&RenewItem]) -> Result<Vec<bool>, Error> {
+        let mut out = Vec::with_capacity(items.len());
+        for chunk in items.chunks(TXN_CHUNK) {
+            let gets: Vec<TxnOp> = chunk
+                .iter()
+                .map(|i| TxnOp::get(self.full_key(&i.key), None))
+                .collect();
+            let resp = self.txn(Txn::new().and_then(gets)).await.map_err(map)?;
+            let answers = resp.op_responses();
+            if answers.len() != chunk.len() {
+                return Err(Error::store(NAME, "a renewal read answered short", true));
+            }
+            for (item, answer) in chunk.iter().zip(answers) {
+                out.push(matches!(&answer, TxnOpResponse::Get(g)
+                    if g.kvs().first().is_some_and(|kv| kv.value() == item.token.as_str().as_bytes())));
+            }
+        }
+        Ok(out)
+    }
+
+    async fn lease_left(&self, lease: i64) -> Result<Option<Duration>, Error> {
+        if lease == 0 {
+            return Ok(None);
+        }
+        let mut client = self.client.clone();
+        let resp = call(
+            "lease time-to-live",
+            self.timeout,
+            client.lease_time_to_live(lease, None),
+        )
+        .await;
+        match resp {
+            Ok(r) => Ok(u64::try_from(r.ttl()).ok().map(Duration::from_secs)),
+            Err(e) if e.is_retryable() => Err(e),
+            Err(_) => Ok(None),
+        }
+    }
+
+    async fn holder_info(
+        &self,
+        key: String,
+        kv: &KeyValue,
+        ttls: &mut HashMap<i64, Option<Duration>>,
+    ) -> Result<HolderInfo, Error> {
+        let expires_in = match ttls.get(&kv.lease()) {
+            Some(t) => *t,
+            None => {
+                let t = self.lease_left(kv.lease()).await?;
+                ttls.insert(kv.lease(), t);
+                t
+            }
+        };
+        Ok(HolderInfo {
+            key,
+            holder: Token::from_stored(String::from_utf8_lossy(kv.value())),
+            fence: u64::try_from(kv.create_revision()).ok().map(Fence),
+            expires_in,
+        })
+    }
+}
+
+fn header_revision(resp: &TxnResponse) -> Result<i64, Error> {
+    resp.header()
+        .map(|h| h.revision())
+        .ok_or_else(|| Error::store(NAME, "a Txn answer had no header", true))
+}
+
+fn fence(revision: i64) -> Result<Fence, Error> {
+    u64::try_from(revision)
+        .ok()
+        .filter(|r| *r > 0)
+        .map(Fence)
+        .ok_or_else(|| Error::store(NAME, format!("etcd reported revision {revision}"), true))
+}
+
+/// The first key-value of the first Get answer of a Txn.
+fn first_kv(resp: &TxnResponse) -> Option<KeyValue> {
+    resp.op_responses().into_iter().find_map(|op| match op {
+        TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+        _ => None,
+    })
+}
+
+/// What a failed Txn saw: the holder (from its Get) and the header revision.
+fn held(resp: &TxnResponse) -> Held {
+    Held {
+        holder: first_kv(resp).map(|kv| Token::from_stored(String::from_utf8_lossy(kv.value()))),
+        expires_in: None,
+        revision: resp.header().and_then(|h| u64::try_from(h.revision()).ok()),
+    }
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    /// One Txn. `expected == None`: create the key on the session lease
+    /// (fence = its create revision). `Some(t)` with `new == t`: renewal
+    /// (compare value, keep the lease alive). `Some(a)`, `new == b`: compare
+    /// value == a, then put b. Cancel safe in the core's sense: a dropped
+    /// call may still land; the manager's owner-checked delete removes it.
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        match expected {
+            None => self.shared.create(key, new, ttl).await,
+            Some(t) if t == new => self.shared.renew_one(key, t).await,
+            Some(old) => self.shared.replace(key, old, new, ttl).await,
+        }
+    }
+
+    /// `Txn(if value(key) == owner then delete(key))`; also removes the
+    /// owner's fair-queue entry.
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        self.shared.release(key, owner).await
+    }
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+            .with_notifications()
+            .with_inspect()
+            .with_batch_renew()
+            .with_fair_queue()
+            .with_min_ttl(self.shared.min_ttl)
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
+        Ok(Some(Box::new(KeyWatch {
+            client: self.shared.client.clone(),
+            key: self.shared.full_key(key),
+            timeout: self.shared.timeout,
+            wakeups: self.shared.wakeups.clone(),
+        })))
+    }
+
+    /// The lease's own bound: the instant before its last confirmed grant or
+    /// keep-alive, plus its TTL.
+    fn earliest_expiry(&self, ttl: Duration, sent_at: Instant) -> Instant {
+        self.shared.session.bound(ttl, sent_at)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        let mut client = self.shared.client.clone();
+        let resp = call(
+            "get",
+            self.shared.timeout,
+            client.get(self.shared.full_key(key), None),
+        )
+        .await?;
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(None);
+        };
+        let info = self
+            .shared
+            .holder_info(key.as_str().to_owned(), kv, &mut HashMap::new())
+            .await?;
+        Ok(Some(info))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
+        let mut client = self.shared.client.clone();
+        let full = format!("{}{prefix}", self.shared.prefix);
+        let opts = GetOptions::new().with_prefix();
+        let resp = call("get", self.shared.timeout, client.get(full, Some(opts))).await?;
+        let mut ttls = HashMap::new();
+        let mut out = Vec::new();
+        for kv in resp.kvs() {
+            let name = String::from_utf8_lossy(kv.key());
+            let Some(key) = name.strip_prefix(&self.shared.prefix) else {
+                continue;
+            };
+            if key.contains(QUEUE_MARK) {
+                continue;
+            }
+            out.push(
+                self.shared
+                    .holder_info(key.to_owned(), kv, &mut ttls)
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// One keep-alive per lease in use, then one read per chunk of keys to
+    /// check each still holds its token. A lease that is gone makes every
+    /// hold on it report not held.
+    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        let session = &self.shared.session;
+        let mut groups: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            groups
+                .entry(session.secs_for(item.ttl))
+                .or_default()
+                .push(i);
+        }
+        let mut out = vec![false; items.len()];
+        for idx in groups.values() {
+            let Some(first) = idx.first() else { continue };
+            if session.renew(items[*first].ttl).await?.is_none() {
+                continue;
+            }
+            let group: Vec<&RenewItem> = idx.iter().map(|i| &items[*i]).collect();
+            let held = self.shared.still_held(&group).await?;
+            for (i, h) in idx.iter().zip(held) {
+                out[*i] = h;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn fair_acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Fence, Error> {
+        crate::fair::acquire(&self.shared, key, token, ttl).await
+    }
+}

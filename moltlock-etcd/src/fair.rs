@@ -1,0 +1,198 @@
+//! The fair queue: revision-ordered entries under the lock's queue prefix,
+//! each waiter watching only its immediate predecessor.
+//!
+//! A waiter puts `<prefix><key>\0queue/<token>` on its session lease. The
+//! entry with the lowest create revision is the head: it takes the lock key
+//! with the same Txn as [`Backend::cas`](moltlock_core::Backend::cas)
+//! (watching the lock key while someone else holds it). Every other waiter
+//! watches only the DELETE of the entry just before its own. The holder
+//! keeps its entry until it releases: the release deletes the lock key and
+//! the entry in one Txn, which wakes exactly one waiter — the next in line —
+//! and it finds the key free. Fair and non-fair holders stay mutually
+//! exclusive because everyone acquires the same lock key; a non-fair
+//! `lock()` may still overtake the queue.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+use moltlock_core::{CasOutcome, Error, Fence, LockKey, Token};
+
+use crate::backend::Shared;
+use crate::error::{call, is_lease_not_found, map};
+use crate::watch::{next_event, Wake};
+
+/// Pause after a retryable failure while waiting in the queue.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// Waits in the queue for `key`, then holds it as `token`.
+pub(crate) async fn acquire(
+    shared: &Arc<Shared>,
+    key: &LockKey,
+    token: &Token,
+    ttl: Duration,
+) -> Result<Fence, Error> {
+    let mut guard = EntryGuard {
+        shared: shared.clone(),
+        entry: Some(shared.queue_entry(key, token)),
+    };
+    let mut my_rev = enqueue(shared, key, token, ttl).await?;
+    loop {
+        match step(shared, key, token, ttl, my_rev).await {
+            Ok(Some(fence)) => {
+                guard.entry = None;
+                return Ok(fence);
+            }
+            Ok(None) => {}
+            Err(e) if e.is_retryable() => {
+                tracing::debug!(%key, error = %e, "fair queue wait failed; retrying");
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Err(e) => return Err(e),
+        }
+        my_rev = keep_place(shared, key, token, ttl, my_rev).await?;
+    }
+}
+
+/// One look at the queue: take the key if we are the head and it is free,
+/// otherwise wait for the one event that concerns us (or a refresh period).
+async fn step(
+    shared: &Shared,
+    key: &LockKey,
+    token: &Token,
+    ttl: Duration,
+    my_rev: i64,
+) -> Result<Option<Fence>, Error> {
+    let period = shared.session.secs_for(ttl);
+    let period = Duration::from_secs(period) / 3;
+    if let Some((pred, seen)) = predecessor(shared, key, my_rev).await? {
+        wait(shared, &pred, seen + 1, period).await?;
+        return Ok(None);
+    }
+    match shared.create(key, token, ttl).await? {
+        CasOutcome::Acquired { fence } => Ok(Some(fence)),
+        CasOutcome::Held(h) => {
+            let seen = h.revision.and_then(|r| i64::try_from(r).ok()).unwrap_or(0);
+            wait(shared, &shared.full_key(key), seen + 1, period).await?;
+            Ok(None)
+        }
+    }
+}
+
+/// Watches `key` from `from` for at most `period`.
+async fn wait(shared: &Shared, key: &[u8], from: i64, period: Duration) -> Result<(), Error> {
+    let watch = next_event(&shared.client, key, from, shared.timeout);
+    match tokio::time::timeout(period, watch).await {
+        Ok(Ok(Wake::Event)) => {
+            shared
+                .wakeups
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }
+        Ok(Ok(Wake::Compacted)) | Err(_) => Ok(()),
+        Ok(Err(e)) => Err(e),
+    }
+}
+
+/// Puts our queue entry on the session lease; returns its create revision.
+async fn enqueue(
+    shared: &Shared,
+    key: &LockKey,
+    token: &Token,
+    ttl: Duration,
+) -> Result<i64, Error> {
+    let entry = shared.queue_entry(key, token);
+    let mut retried = false;
+    loop {
+        let lease = shared.session.lease_for(ttl).await?;
+        let put = TxnOp::put(
+            entry.clone(),
+            token.as_str(),
+            Some(PutOptions::new().with_lease(lease.id)),
+        );
+        match shared.txn(Txn::new().and_then([put])).await {
+            Err(e) if is_lease_not_found(&e) && !retried => {
+                shared.session.forget(lease.id);
+                retried = true;
+            }
+            Err(e) => return Err(map(e)),
+            Ok(resp) => {
+                return resp.header().map(|h| h.revision()).ok_or_else(|| {
+                    Error::store(crate::error::NAME, "a put answer had no header", true)
+                })
+            }
+        }
+    }
+}
+
+/// The entry just before ours (highest create revision below `my_rev`) and
+/// the header revision of the read that found it.
+async fn predecessor(
+    shared: &Shared,
+    key: &LockKey,
+    my_rev: i64,
+) -> Result<Option<(Vec<u8>, i64)>, Error> {
+    let opts = GetOptions::new()
+        .with_prefix()
+        .with_max_create_revision(my_rev - 1)
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(1)
+        .with_keys_only();
+    let mut client = shared.client.clone();
+    let resp = call(
+        "queue read",
+        shared.timeout,
+        client.get(shared.queue_prefix(key), Some(opts)),
+    )
+    .await?;
+    let seen = resp.header().map_or(0, |h| h.revision());
+    Ok(resp.kvs().first().map(|kv| (kv.key().to_vec(), seen)))
+}
+
+/// Keeps the session lease fresh while we wait, and puts our entry back
+/// (at the end of the queue) if it vanished with a lost lease.
+async fn keep_place(
+    shared: &Shared,
+    key: &LockKey,
+    token: &Token,
+    ttl: Duration,
+    my_rev: i64,
+) -> Result<i64, Error> {
+    shared.session.lease_for(ttl).await?;
+    let mut client = shared.client.clone();
+    let entry = shared.queue_entry(key, token);
+    let resp = call("queue read", shared.timeout, client.get(entry, None)).await?;
+    if resp
+        .kvs()
+        .first()
+        .is_some_and(|kv| kv.create_revision() == my_rev)
+    {
+        return Ok(my_rev);
+    }
+    tracing::warn!(%key, "the fair-queue entry vanished with its lease; queueing again");
+    enqueue(shared, key, token, ttl).await
+}
+
+/// Removes the queue entry of a fair acquire that was dropped or failed.
+struct EntryGuard {
+    shared: Arc<Shared>,
+    entry: Option<Vec<u8>>,
+}
+
+impl Drop for EntryGuard {
+    fn drop(&mut self) {
+        let Some(entry) = self.entry.take() else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let shared = self.shared.clone();
+        handle.spawn(async move {
+            let del = Txn::new().and_then([TxnOp::delete(entry, None)]);
+            if let Err(e) = shared.txn(del).await {
+                tracing::debug!(error = %e, "could not remove a fair-queue entry; it lives until its lease ends");
+            }
+        });
+    }
+}
