@@ -1,0 +1,184 @@
+//! Settings shared by the SQL backends.
+
+use std::fmt;
+use std::time::Duration;
+
+use moltlock_core::Error;
+
+/// The default table name.
+pub const DEFAULT_TABLE: &str = "moltlock_locks";
+
+/// How to reach the database and where the locks live.
+///
+/// The URL may hold a password; `Debug` never shows it.
+#[derive(Clone)]
+pub struct SqlConfig {
+    pub(crate) url: String,
+    pub(crate) table: String,
+    pub(crate) schema: Option<String>,
+    pub(crate) unlogged: bool,
+    pub(crate) max_connections: u32,
+    pub(crate) acquire_timeout: Duration,
+    pub(crate) auto_migrate: bool,
+}
+
+impl fmt::Debug for SqlConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlConfig")
+            .field("url", &redact(&self.url))
+            .field("table", &self.table)
+            .field("schema", &self.schema)
+            .field("unlogged", &self.unlogged)
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("auto_migrate", &self.auto_migrate)
+            .finish()
+    }
+}
+
+impl SqlConfig {
+    /// Settings for `url` with the defaults: table `moltlock_locks`, the
+    /// connection's default schema, a logged table, 10 pooled connections,
+    /// 5 s to get one, and the schema created on connect.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            table: DEFAULT_TABLE.to_owned(),
+            schema: None,
+            unlogged: false,
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(5),
+            auto_migrate: true,
+        }
+    }
+
+    /// The table name: 1 to 48 ASCII letters, digits and underscores, not
+    /// starting with a digit. Checked when connecting.
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// The Postgres schema of the table (created if missing). Same rules as
+    /// [`table`](Self::table).
+    pub fn schema(mut self, name: impl Into<String>) -> Self {
+        self.schema = Some(name.into());
+        self
+    }
+
+    /// Postgres only: make the table `UNLOGGED`. Writes skip the WAL, so
+    /// acquisitions are faster, but after a crash of the server the table is
+    /// emptied: every hold vanishes at once (holders learn it at their next
+    /// renewal). Fences stay monotonic, since the fence sequence stays logged.
+    /// Default: logged.
+    pub fn unlogged(mut self, unlogged: bool) -> Self {
+        self.unlogged = unlogged;
+        self
+    }
+
+    /// The most pooled connections.
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// How long to wait for a pooled connection before
+    /// [`Error::Unavailable`].
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// Whether connecting creates the schema (default `true`). Turn it off
+    /// where the application's role may not create tables, and have an
+    /// operator run the DDL the backend documents.
+    pub fn auto_migrate(mut self, on: bool) -> Self {
+        self.auto_migrate = on;
+        self
+    }
+
+    /// The table name after validation.
+    pub(crate) fn checked_table(&self) -> Result<&str, Error> {
+        check_ident(&self.table, "table")?;
+        Ok(&self.table)
+    }
+
+    /// The schema name after validation.
+    pub(crate) fn checked_schema(&self) -> Result<Option<&str>, Error> {
+        match &self.schema {
+            Some(s) => check_ident(s, "schema").map(|()| Some(s.as_str())),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Accepts `[A-Za-z_][A-Za-z0-9_]{0,47}`: safe to splice into SQL quoted, and
+/// short enough for derived names (sequences, triggers, channels) to fit the
+/// 63-byte identifier limit.
+pub fn check_ident(name: &str, what: &str) -> Result<(), Error> {
+    let mut chars = name.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if first_ok && rest_ok && name.len() <= 48 {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "the {what} name {name:?} is not a plain SQL identifier (letters, digits and _, \
+         not starting with a digit, at most 48 bytes)"
+    )))
+}
+
+/// The URL with any password replaced by `***`.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    let user = userinfo.split(':').next().unwrap_or_default();
+    if userinfo.contains(':') {
+        format!("{scheme}://{user}:***@{host}{tail}")
+    } else {
+        url.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_checked() {
+        assert!(check_ident("moltlock_locks", "table").is_ok());
+        assert!(check_ident("_x9", "table").is_ok());
+        for bad in [
+            "",
+            "9a",
+            "a-b",
+            "a\"b",
+            "locks; DROP TABLE x",
+            "ключ",
+            &"a".repeat(49),
+        ] {
+            assert!(
+                matches!(check_ident(bad, "table"), Err(Error::Config(_))),
+                "{bad:?} was accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        let cfg = SqlConfig::new("postgres://app:s3cret@db:5432/locks?sslmode=require");
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("app:***@db:5432/locks"), "{shown}");
+        assert_eq!(redact("sqlite://./x.db"), "sqlite://./x.db");
+        assert_eq!(redact("mysql://root@h/db"), "mysql://root@h/db");
+    }
+}

@@ -1,0 +1,282 @@
+//! MySQL and MariaDB: `INSERT … ON DUPLICATE KEY UPDATE` conditioned on
+//! expiry by the server's `UTC_TIMESTAMP(6)`.
+//!
+//! Each column's update is guarded by `expires_at <= UTC_TIMESTAMP(6)`, and
+//! `expires_at` is assigned last, so the guard reads the old value for every
+//! column. A follow-up read by key tells whether our token won. Times are
+//! stored in UTC whatever the session time zone.
+//!
+//! Fences: MySQL has no sequences, so the fence of a hold is
+//! `max(previous fence of the key + 1, server time in microseconds)`. It is
+//! strictly increasing per key while the row lives, and keeps increasing after
+//! a release deletes the row as long as the server's clock does not step back
+//! past the last fence handed out (the same limit as the Redis backend).
+//! Waiters poll by the retry policy, sleeping no longer than the holder's
+//! time left.
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS `moltlock_locks` (
+//!     lock_key VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
+//!     owner VARCHAR(128) NOT NULL, fence BIGINT UNSIGNED NOT NULL,
+//!     expires_at DATETIME(6) NOT NULL, acquired_at DATETIME(6) NOT NULL) ENGINE=InnoDB;
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use moltlock_core::{
+    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, Token,
+};
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::Row;
+
+use crate::error::map;
+use crate::SqlConfig;
+
+const NAME: &str = "mysql";
+const NOW: &str = "UTC_TIMESTAMP(6)";
+const MICROS: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
+
+struct Statements {
+    acquire: String,
+    read: String,
+    renew: String,
+    transfer: String,
+    delete: String,
+    list: String,
+    ddl: String,
+}
+
+impl Statements {
+    fn new(cfg: &SqlConfig) -> Result<Self, Error> {
+        let t = format!("`{}`", cfg.checked_table()?);
+        let free = format!("expires_at <= {NOW}");
+        let left = format!("TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)");
+        Ok(Self {
+            acquire: format!(
+                "INSERT INTO {t} (lock_key, owner, fence, expires_at, acquired_at) \
+                 VALUES (?, ?, {MICROS}, {NOW} + INTERVAL ? MICROSECOND, {NOW}) \
+                 ON DUPLICATE KEY UPDATE \
+                 owner = IF({free}, VALUES(owner), owner), \
+                 fence = IF({free}, GREATEST(fence + 1, VALUES(fence)), fence), \
+                 acquired_at = IF({free}, VALUES(acquired_at), acquired_at), \
+                 expires_at = IF({free}, VALUES(expires_at), expires_at)"
+            ),
+            read: format!(
+                "SELECT lock_key, owner, fence, {left} FROM {t} \
+                 WHERE lock_key = ? AND expires_at > {NOW}"
+            ),
+            renew: format!(
+                "UPDATE {t} SET expires_at = {NOW} + INTERVAL ? MICROSECOND \
+                 WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
+            ),
+            transfer: format!(
+                "UPDATE {t} SET fence = GREATEST(fence + 1, {MICROS}), owner = ?, acquired_at = {NOW}, \
+                 expires_at = {NOW} + INTERVAL ? MICROSECOND \
+                 WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
+            ),
+            delete: format!(
+                "DELETE FROM {t} WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
+            ),
+            list: format!(
+                "SELECT lock_key, owner, fence, {left} FROM {t} \
+                 WHERE LEFT(lock_key, CHAR_LENGTH(?)) = ? AND expires_at > {NOW} ORDER BY lock_key"
+            ),
+            ddl: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
+                 lock_key VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY, \
+                 owner VARCHAR(128) NOT NULL, fence BIGINT UNSIGNED NOT NULL, \
+                 expires_at DATETIME(6) NOT NULL, acquired_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+            ),
+        })
+    }
+}
+
+/// Locks in a MySQL or MariaDB table. Clones share one pool.
+#[derive(Clone)]
+pub struct MySqlBackend {
+    pool: MySqlPool,
+    sql: Arc<Statements>,
+}
+
+impl std::fmt::Debug for MySqlBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlBackend").finish_non_exhaustive()
+    }
+}
+
+fn micros(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX)
+}
+
+fn info(row: &MySqlRow) -> Result<HolderInfo, sqlx::Error> {
+    let left: Option<i64> = row.try_get(3)?;
+    Ok(HolderInfo {
+        key: row.try_get(0)?,
+        holder: Token::from_stored(row.try_get::<String, _>(1)?),
+        fence: Some(Fence(row.try_get::<u64, _>(2)?)),
+        expires_in: left.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
+    })
+}
+
+impl MySqlBackend {
+    /// Connects with default settings (`mysql://user:pass@host:port/db`).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a bad URL, [`Error::Unavailable`] when the
+    /// server does not answer, [`Error::Auth`] for refused credentials.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        Self::with_config(SqlConfig::new(url)).await
+    }
+
+    /// Connects with explicit settings, creating the table unless told not to.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect), plus [`Error::Config`] for a table
+    /// name that is not a plain identifier.
+    pub async fn with_config(cfg: SqlConfig) -> Result<Self, Error> {
+        let sql = Statements::new(&cfg)?;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(cfg.max_connections)
+            .acquire_timeout(cfg.acquire_timeout)
+            .connect(&cfg.url)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        let backend = Self {
+            pool,
+            sql: Arc::new(sql),
+        };
+        if cfg.auto_migrate {
+            backend.migrate().await?;
+        }
+        Ok(backend)
+    }
+
+    /// Creates the table if missing. Idempotent.
+    ///
+    /// # Errors
+    /// Store errors, e.g. [`Error::Auth`] without `CREATE` privilege.
+    pub async fn migrate(&self) -> Result<(), Error> {
+        sqlx::query(&self.sql.ddl)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(())
+    }
+
+    async fn read(&self, key: &LockKey) -> Result<Option<HolderInfo>, sqlx::Error> {
+        let row = sqlx::query(&self.sql.read)
+            .bind(key.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| info(&r)).transpose()
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, sqlx::Error> {
+        sqlx::query(&self.sql.acquire)
+            .bind(key.as_str())
+            .bind(new.as_str())
+            .bind(micros(ttl))
+            .execute(&self.pool)
+            .await?;
+        Ok(outcome(self.read(key).await?, new))
+    }
+
+    async fn update(
+        &self,
+        key: &LockKey,
+        expected: &Token,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, sqlx::Error> {
+        let query = if expected == new {
+            sqlx::query(&self.sql.renew).bind(micros(ttl))
+        } else {
+            sqlx::query(&self.sql.transfer)
+                .bind(new.as_str())
+                .bind(micros(ttl))
+        };
+        let done = query
+            .bind(key.as_str())
+            .bind(expected.as_str())
+            .execute(&self.pool)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Ok(CasOutcome::Held(Held::default()));
+        }
+        Ok(outcome(self.read(key).await?, new))
+    }
+}
+
+/// Acquired if `new` holds the row read back, else held by whoever does.
+fn outcome(row: Option<HolderInfo>, new: &Token) -> CasOutcome {
+    match row {
+        Some(info) if &info.holder == new => CasOutcome::Acquired {
+            fence: info.fence.unwrap_or(Fence(0)),
+        },
+        Some(info) => CasOutcome::Held(Held {
+            holder: Some(info.holder),
+            expires_in: info.expires_in,
+            revision: None,
+        }),
+        None => CasOutcome::Held(Held::default()),
+    }
+}
+
+#[async_trait]
+impl Backend for MySqlBackend {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        let out = match expected {
+            None => self.acquire(key, new, ttl).await,
+            Some(expected) => self.update(key, expected, new, ttl).await,
+        };
+        out.map_err(|e| map(NAME, e))
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        let done = sqlx::query(&self.sql.delete)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new().with_inspect()
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        self.read(key).await.map_err(|e| map(NAME, e))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
+        let rows = sqlx::query(&self.sql.list)
+            .bind(prefix)
+            .bind(prefix)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        rows.iter()
+            .map(info)
+            .collect::<Result<_, _>>()
+            .map_err(|e| map(NAME, e))
+    }
+}

@@ -1,0 +1,439 @@
+//! Postgres: one conditional `INSERT … ON CONFLICT` per acquisition, expiry
+//! judged by the database clock, fences from a sequence, wake-ups by
+//! `LISTEN/NOTIFY`.
+//!
+//! # Schema
+//!
+//! Created on connect (unless [`SqlConfig::auto_migrate`] is off) or by
+//! [`PostgresBackend::migrate`], under a transaction-scoped advisory lock so
+//! concurrent first connections do not race. [`PostgresBackend::ddl`] prints
+//! it for operators who would rather create it themselves and give the
+//! application only `SELECT, INSERT, UPDATE, DELETE` on the table and `USAGE`
+//! on the sequence:
+//!
+//! ```sql
+//! CREATE SEQUENCE IF NOT EXISTS "moltlock_locks_fence";
+//! CREATE TABLE IF NOT EXISTS "moltlock_locks" (
+//!     key         text        PRIMARY KEY,
+//!     owner       text        NOT NULL,
+//!     fence       bigint      NOT NULL,
+//!     expires_at  timestamptz NOT NULL,
+//!     acquired_at timestamptz NOT NULL
+//! );
+//! ```
+//!
+//! # Guarantees and limits
+//!
+//! - Expiry compares `expires_at` with the server's `now()`; client clocks
+//!   never enter into it.
+//! - Fences come from the sequence: durable and strictly increasing across
+//!   releases, expiry, client restarts and server restarts (after a crash a
+//!   sequence may skip values, never repeat them). Released rows are deleted;
+//!   the fence history lives in the sequence.
+//! - Waiters `LISTEN` on one channel per table over one connection per
+//!   backend, opened before their first attempt; a release sends `NOTIFY` in
+//!   the same statement. When that connection drops, every waiter is woken to
+//!   look again and it reconnects by itself.
+//! - Behind PgBouncer in transaction mode, `LISTEN` does not work (it needs a
+//!   session): point [`SqlConfig`] at a session-mode pool or the server, or
+//!   rely on polling (waiters still get the lock, only later). Every other
+//!   statement is a single autocommit statement and works in transaction mode.
+//! - Batch renewal: one `UPDATE … FROM unnest(…)` renews every hold of a
+//!   manager.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use moltlock_core::{
+    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, KeyEvents, LockKey,
+    ReleaseWatch, RenewItem, Token,
+};
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::Row;
+use tokio::sync::OnceCell;
+use tokio::task::JoinHandle;
+
+use crate::error::map;
+use crate::SqlConfig;
+
+const NAME: &str = "postgres";
+
+/// The SQL of one table, built once from validated names.
+struct Statements {
+    acquire: String,
+    renew: String,
+    transfer: String,
+    delete: String,
+    renew_many: String,
+    inspect: String,
+    list: String,
+    ddl: Vec<String>,
+}
+
+impl Statements {
+    fn new(cfg: &SqlConfig) -> Result<Self, Error> {
+        let table = cfg.checked_table()?;
+        let schema = cfg.checked_schema()?;
+        let q = |name: &str| match schema {
+            Some(s) => format!("\"{s}\".\"{name}\""),
+            None => format!("\"{name}\""),
+        };
+        let t = q(table);
+        let seq = q(&format!("{table}_fence"));
+        let ms = "$3::bigint * interval '1 millisecond'";
+        let left = "(extract(epoch FROM expires_at - now()) * 1000)::bigint";
+        let mut ddl = Vec::new();
+        if let Some(s) = schema {
+            ddl.push(format!("CREATE SCHEMA IF NOT EXISTS \"{s}\""));
+        }
+        ddl.push(format!("CREATE SEQUENCE IF NOT EXISTS {seq}"));
+        ddl.push(format!(
+            "CREATE {}TABLE IF NOT EXISTS {t} (\n    key text PRIMARY KEY,\n    owner text NOT NULL,\n    \
+             fence bigint NOT NULL,\n    expires_at timestamptz NOT NULL,\n    acquired_at timestamptz NOT NULL\n)",
+            if cfg.unlogged { "UNLOGGED " } else { "" }
+        ));
+        Ok(Self {
+            acquire: format!(
+                "WITH ins AS (INSERT INTO {t} AS l (key, owner, fence, expires_at, acquired_at) \
+                 VALUES ($1, $2, nextval('{seq}'), now() + {ms}, now()) \
+                 ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, fence = EXCLUDED.fence, \
+                 expires_at = EXCLUDED.expires_at, acquired_at = EXCLUDED.acquired_at \
+                 WHERE l.expires_at <= now() RETURNING fence) \
+                 SELECT fence, NULL::text AS owner, NULL::bigint AS left_ms FROM ins \
+                 UNION ALL SELECT NULL, owner, {left} FROM {t} \
+                 WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
+            ),
+            renew: format!(
+                "UPDATE {t} SET expires_at = now() + {ms} \
+                 WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence"
+            ),
+            transfer: format!(
+                "UPDATE {t} SET owner = $4, fence = nextval('{seq}'), acquired_at = now(), \
+                 expires_at = now() + {ms} \
+                 WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence"
+            ),
+            delete: format!(
+                "WITH d AS (DELETE FROM {t} WHERE key = $1 AND owner = $2 AND expires_at > now() \
+                 RETURNING key) SELECT count(pg_notify($3, key)) FROM d"
+            ),
+            renew_many: format!(
+                "UPDATE {t} AS l SET expires_at = now() + x.ms * interval '1 millisecond' \
+                 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS x(key, owner, ms) \
+                 WHERE l.key = x.key AND l.owner = x.owner AND l.expires_at > now() \
+                 RETURNING l.key, l.owner"
+            ),
+            inspect: format!(
+                "SELECT key, owner, fence, {left} FROM {t} WHERE key = $1 AND expires_at > now()"
+            ),
+            list: format!(
+                "SELECT key, owner, fence, {left} FROM {t} \
+                 WHERE left(key, length($1)) = $1 AND expires_at > now() ORDER BY key"
+            ),
+            ddl,
+        })
+    }
+}
+
+struct Inner {
+    pool: PgPool,
+    sql: Statements,
+    channel: String,
+    events: Arc<KeyEvents>,
+    listener: OnceCell<JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = self.listener.get() {
+            task.abort();
+        }
+    }
+}
+
+/// Locks in a Postgres table. Clones share one pool and one listener.
+#[derive(Clone)]
+pub struct PostgresBackend {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("channel", &self.inner.channel)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresBackend {
+    /// Connects with default settings (`postgres://user:pass@host:port/db`).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a bad URL, [`Error::Unavailable`] when the
+    /// server does not answer, [`Error::Auth`] for refused credentials.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        Self::with_config(SqlConfig::new(url)).await
+    }
+
+    /// Connects with explicit settings, creating the schema unless told not to.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect), plus [`Error::Config`] for a table or
+    /// schema name that is not a plain identifier.
+    pub async fn with_config(cfg: SqlConfig) -> Result<Self, Error> {
+        let sql = Statements::new(&cfg)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(cfg.max_connections)
+            .acquire_timeout(cfg.acquire_timeout)
+            .connect(&cfg.url)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        let backend = Self {
+            inner: Arc::new(Inner {
+                pool,
+                sql,
+                channel: format!("moltlock_{}", cfg.table),
+                events: Arc::new(KeyEvents::new()),
+                listener: OnceCell::new(),
+            }),
+        };
+        if cfg.auto_migrate {
+            backend.migrate().await?;
+        }
+        Ok(backend)
+    }
+
+    /// The DDL this backend needs, for operators who create it themselves.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for names that are not plain identifiers.
+    pub fn ddl(cfg: &SqlConfig) -> Result<String, Error> {
+        Ok(Statements::new(cfg)?.ddl.join(";\n") + ";")
+    }
+
+    /// Creates the sequence and table if missing. Idempotent and safe to run
+    /// from many processes at once.
+    ///
+    /// # Errors
+    /// Store errors, e.g. [`Error::Auth`] without `CREATE` privilege.
+    pub async fn migrate(&self) -> Result<(), Error> {
+        let mut tx = self.inner.pool.begin().await.map_err(|e| map(NAME, e))?;
+        sqlx::query("SELECT pg_advisory_xact_lock(7243041107)")
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        for stmt in &self.inner.sql.ddl {
+            sqlx::query(stmt)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| map(NAME, e))?;
+        }
+        tx.commit().await.map_err(|e| map(NAME, e))
+    }
+
+    /// The pool, for tests and tools.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    async fn start_listener(&self) -> Result<JoinHandle<()>, Error> {
+        let mut listener = PgListener::connect_with(&self.inner.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        listener
+            .listen(&self.inner.channel)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(tokio::spawn(listen(listener, self.inner.events.clone())))
+    }
+}
+
+/// Dispatches notifications to waiters; wakes everyone after a reconnect.
+async fn listen(mut listener: PgListener, events: Arc<KeyEvents>) {
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(n)) => events.fire(n.payload()),
+            Ok(None) => {
+                tracing::debug!("listen connection lost; reconnecting");
+                events.fire_all();
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "listen connection failed; retrying");
+                events.fire_all();
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    }
+}
+
+fn ms(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn fence(v: i64) -> Fence {
+    Fence(u64::try_from(v).unwrap_or(0))
+}
+
+fn left(v: Option<i64>) -> Option<Duration> {
+    v.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+}
+
+fn holder_info(row: &PgRow) -> Result<HolderInfo, sqlx::Error> {
+    Ok(HolderInfo {
+        key: row.try_get(0)?,
+        holder: Token::from_stored(row.try_get::<String, _>(1)?),
+        fence: Some(fence(row.try_get(2)?)),
+        expires_in: left(row.try_get(3)?),
+    })
+}
+
+impl PostgresBackend {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, sqlx::Error> {
+        let row = sqlx::query(&self.inner.sql.acquire)
+            .bind(key.as_str())
+            .bind(new.as_str())
+            .bind(ms(ttl))
+            .fetch_optional(&self.inner.pool)
+            .await?;
+        let Some(row) = row else {
+            return Ok(CasOutcome::Held(Held::default()));
+        };
+        if let Some(f) = row.try_get::<Option<i64>, _>(0)? {
+            return Ok(CasOutcome::Acquired { fence: fence(f) });
+        }
+        Ok(CasOutcome::Held(Held {
+            holder: row.try_get::<Option<String>, _>(1)?.map(Token::from_stored),
+            expires_in: left(row.try_get(2)?),
+            revision: None,
+        }))
+    }
+
+    async fn update(
+        &self,
+        key: &LockKey,
+        expected: &Token,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, sqlx::Error> {
+        let transfer = expected != new;
+        let sql = if transfer {
+            &self.inner.sql.transfer
+        } else {
+            &self.inner.sql.renew
+        };
+        let mut query = sqlx::query(sql)
+            .bind(key.as_str())
+            .bind(expected.as_str())
+            .bind(ms(ttl));
+        if transfer {
+            query = query.bind(new.as_str());
+        }
+        let row = query.fetch_optional(&self.inner.pool).await?;
+        Ok(match row {
+            Some(row) => CasOutcome::Acquired {
+                fence: fence(row.try_get(0)?),
+            },
+            None => CasOutcome::Held(Held::default()),
+        })
+    }
+}
+
+#[async_trait]
+impl Backend for PostgresBackend {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        let out = match expected {
+            None => self.acquire(key, new, ttl).await,
+            Some(expected) => self.update(key, expected, new, ttl).await,
+        };
+        out.map_err(|e| map(NAME, e))
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        let n: i64 = sqlx::query_scalar(&self.inner.sql.delete)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .bind(&self.inner.channel)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(n > 0)
+    }
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+            .with_notifications()
+            .with_inspect()
+            .with_batch_renew()
+            .with_min_ttl(Duration::from_millis(10))
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
+        self.inner
+            .listener
+            .get_or_try_init(|| self.start_listener())
+            .await?;
+        Ok(Some(self.inner.events.subscribe(key.as_str())))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        let row = sqlx::query(&self.inner.sql.inspect)
+            .bind(key.as_str())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        row.map(|r| holder_info(&r))
+            .transpose()
+            .map_err(|e| map(NAME, e))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
+        let rows = sqlx::query(&self.inner.sql.list)
+            .bind(prefix)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        rows.iter()
+            .map(holder_info)
+            .collect::<Result<_, _>>()
+            .map_err(|e| map(NAME, e))
+    }
+
+    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+        let owners: Vec<&str> = items.iter().map(|i| i.token.as_str()).collect();
+        let ttls: Vec<i64> = items.iter().map(|i| ms(i.ttl)).collect();
+        let rows = sqlx::query(&self.inner.sql.renew_many)
+            .bind(&keys)
+            .bind(&owners)
+            .bind(&ttls)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        let mut renewed = HashSet::with_capacity(rows.len());
+        for row in &rows {
+            let key: String = row.try_get(0).map_err(|e| map(NAME, e))?;
+            let owner: String = row.try_get(1).map_err(|e| map(NAME, e))?;
+            renewed.insert((key, owner));
+        }
+        Ok(items
+            .iter()
+            .map(|i| renewed.contains(&(i.key.as_str().to_owned(), i.token.as_str().to_owned())))
+            .collect())
+    }
+}

@@ -1,0 +1,378 @@
+//! SQLite: the same contract in one database file, so the processes of one
+//! machine share locks with no server. The embedded default of the CLI.
+//!
+//! Every write runs in a `BEGIN IMMEDIATE` transaction (the write lock is
+//! taken up front, so a read-then-write never works on a stale snapshot),
+//! with WAL journaling and a busy timeout. Expiry is judged by SQLite's own
+//! clock (`julianday('now')`), which every process on the machine shares.
+//! Fences come from a one-row counter table that a trigger advances in the
+//! same statement as the acquisition; released rows are deleted and the
+//! counter keeps the history. Waiters poll by the retry policy (SQLite has no
+//! cross-process notifications), sleeping no longer than the holder's time
+//! left.
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS "moltlock_locks" (
+//!     key TEXT PRIMARY KEY, owner TEXT NOT NULL, fence INTEGER NOT NULL,
+//!     expires_at INTEGER NOT NULL, acquired_at INTEGER NOT NULL);   -- ms since the epoch
+//! CREATE TABLE IF NOT EXISTS "moltlock_locks_fence" (
+//!     id INTEGER PRIMARY KEY CHECK (id = 1), value INTEGER NOT NULL);
+//! ```
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use moltlock_core::{
+    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, RenewItem, Token,
+};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Row, SqliteConnection};
+
+use crate::error::map;
+use crate::SqlConfig;
+
+const NAME: &str = "sqlite";
+/// Milliseconds since the epoch by SQLite's clock.
+const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+
+struct Statements {
+    acquire: String,
+    holder: String,
+    renew: String,
+    transfer: String,
+    delete: String,
+    inspect: String,
+    list: String,
+    ddl: Vec<String>,
+}
+
+impl Statements {
+    fn new(cfg: &SqlConfig) -> Result<Self, Error> {
+        let name = cfg.checked_table()?;
+        let t = format!("\"{name}\"");
+        let seq = format!("\"{name}_fence\"");
+        let next = format!("(SELECT value + 1 FROM {seq} WHERE id = 1)");
+        let bump =
+            format!("UPDATE {seq} SET value = NEW.fence WHERE id = 1 AND value < NEW.fence;");
+        Ok(Self {
+            acquire: format!(
+                "INSERT INTO {t} (key, owner, fence, expires_at, acquired_at) \
+                 VALUES (?1, ?2, {next}, {NOW} + ?3, {NOW}) \
+                 ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, \
+                 expires_at = excluded.expires_at, acquired_at = excluded.acquired_at \
+                 WHERE {t}.expires_at <= {NOW} RETURNING fence"
+            ),
+            holder: format!("SELECT owner, expires_at - {NOW} FROM {t} WHERE key = ?1"),
+            renew: format!(
+                "UPDATE {t} SET expires_at = {NOW} + ?3 \
+                 WHERE key = ?1 AND owner = ?2 AND expires_at > {NOW} RETURNING fence"
+            ),
+            transfer: format!(
+                "UPDATE {t} SET owner = ?4, fence = {next}, acquired_at = {NOW}, expires_at = {NOW} + ?3 \
+                 WHERE key = ?1 AND owner = ?2 AND expires_at > {NOW} RETURNING fence"
+            ),
+            delete: format!("DELETE FROM {t} WHERE key = ?1 AND owner = ?2 AND expires_at > {NOW}"),
+            inspect: format!(
+                "SELECT key, owner, fence, expires_at - {NOW} FROM {t} \
+                 WHERE key = ?1 AND expires_at > {NOW}"
+            ),
+            list: format!(
+                "SELECT key, owner, fence, expires_at - {NOW} FROM {t} \
+                 WHERE substr(key, 1, length(?1)) = ?1 AND expires_at > {NOW} ORDER BY key"
+            ),
+            ddl: vec![
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (key TEXT PRIMARY KEY, owner TEXT NOT NULL, \
+                     fence INTEGER NOT NULL, expires_at INTEGER NOT NULL, acquired_at INTEGER NOT NULL)"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {seq} (id INTEGER PRIMARY KEY CHECK (id = 1), \
+                     value INTEGER NOT NULL)"
+                ),
+                format!("INSERT OR IGNORE INTO {seq} (id, value) VALUES (1, 0)"),
+                format!(
+                    "CREATE TRIGGER IF NOT EXISTS \"{name}_fence_ins\" AFTER INSERT ON {t} BEGIN {bump} END"
+                ),
+                format!(
+                    "CREATE TRIGGER IF NOT EXISTS \"{name}_fence_upd\" AFTER UPDATE OF fence ON {t} \
+                     BEGIN {bump} END"
+                ),
+            ],
+        })
+    }
+}
+
+/// Locks in an SQLite database file. Clones share one pool.
+#[derive(Clone)]
+pub struct SqliteBackend {
+    pool: SqlitePool,
+    sql: Arc<Statements>,
+}
+
+impl std::fmt::Debug for SqliteBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteBackend").finish_non_exhaustive()
+    }
+}
+
+fn ms(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn left(v: Option<i64>) -> Option<Duration> {
+    v.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+}
+
+fn info(row: &SqliteRow) -> Result<HolderInfo, sqlx::Error> {
+    Ok(HolderInfo {
+        key: row.try_get(0)?,
+        holder: Token::from_stored(row.try_get::<String, _>(1)?),
+        fence: Some(Fence(u64::try_from(row.try_get::<i64, _>(2)?).unwrap_or(0))),
+        expires_in: left(row.try_get(3)?),
+    })
+}
+
+impl SqliteBackend {
+    /// Opens (creating if missing) the database at `url`
+    /// (`sqlite://path/to/file.db`, or a bare path).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a bad URL; store errors when the file cannot be
+    /// opened or the schema created.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        Self::with_config(SqlConfig::new(url)).await
+    }
+
+    /// Opens with explicit settings.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect), plus [`Error::Config`] for a table
+    /// name that is not a plain identifier.
+    pub async fn with_config(cfg: SqlConfig) -> Result<Self, Error> {
+        let sql = Statements::new(&cfg)?;
+        let url = if cfg.url.starts_with("sqlite:") {
+            cfg.url.clone()
+        } else {
+            format!("sqlite://{}", cfg.url)
+        };
+        let opts = SqliteConnectOptions::from_str(&url)
+            .map_err(|e| map(NAME, e))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(cfg.max_connections)
+            .acquire_timeout(cfg.acquire_timeout)
+            .connect_with(opts)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        let backend = Self {
+            pool,
+            sql: Arc::new(sql),
+        };
+        if cfg.auto_migrate {
+            backend.migrate().await?;
+        }
+        Ok(backend)
+    }
+
+    /// Creates the tables and triggers if missing. Idempotent.
+    ///
+    /// # Errors
+    /// Store errors.
+    pub async fn migrate(&self) -> Result<(), Error> {
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| map(NAME, e))?;
+        for stmt in &self.sql.ddl {
+            sqlx::query(stmt)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| map(NAME, e))?;
+        }
+        tx.commit().await.map_err(|e| map(NAME, e))
+    }
+
+    async fn acquire(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &LockKey,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, sqlx::Error> {
+        let fence: Option<i64> = sqlx::query_scalar(&self.sql.acquire)
+            .bind(key.as_str())
+            .bind(new.as_str())
+            .bind(ms(ttl))
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let Some(f) = fence {
+            return Ok(CasOutcome::Acquired {
+                fence: Fence(u64::try_from(f).unwrap_or(0)),
+            });
+        }
+        let row = sqlx::query(&self.sql.holder)
+            .bind(key.as_str())
+            .fetch_optional(&mut *conn)
+            .await?;
+        let mut held = Held::default();
+        if let Some(row) = row {
+            held.holder = Some(Token::from_stored(row.try_get::<String, _>(0)?));
+            held.expires_in = left(row.try_get(1)?);
+        }
+        Ok(CasOutcome::Held(held))
+    }
+
+    async fn update(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &LockKey,
+        expected: &Token,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, sqlx::Error> {
+        let transfer = expected != new;
+        let sql = if transfer {
+            &self.sql.transfer
+        } else {
+            &self.sql.renew
+        };
+        let mut query = sqlx::query_scalar(sql)
+            .bind(key.as_str())
+            .bind(expected.as_str())
+            .bind(ms(ttl));
+        if transfer {
+            query = query.bind(new.as_str());
+        }
+        let fence: Option<i64> = query.fetch_optional(&mut *conn).await?;
+        Ok(match fence {
+            Some(f) => CasOutcome::Acquired {
+                fence: Fence(u64::try_from(f).unwrap_or(0)),
+            },
+            None => CasOutcome::Held(Held::default()),
+        })
+    }
+}
+
+impl SqliteBackend {
+    /// Runs a write transaction to its end on a task of its own, so a caller
+    /// that gives up (a dropped future) never leaves a transaction half done
+    /// on a pooled connection.
+    async fn detached<T, F, Fut>(&self, f: F) -> Result<T, Error>
+    where
+        F: FnOnce(Self) -> Fut,
+        Fut: std::future::Future<Output = Result<T, sqlx::Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        tokio::spawn(f(self.clone()))
+            .await
+            .map_err(|e| Error::store(NAME, e, false))?
+            .map_err(|e| map(NAME, e))
+    }
+
+    async fn cas_tx(
+        self,
+        key: LockKey,
+        expected: Option<Token>,
+        new: Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, sqlx::Error> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let out = match &expected {
+            None => self.acquire(&mut tx, &key, &new, ttl).await?,
+            Some(expected) => self.update(&mut tx, &key, expected, &new, ttl).await?,
+        };
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn delete_tx(self, key: LockKey, owner: Token) -> Result<bool, sqlx::Error> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let done = sqlx::query(&self.sql.delete)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn renew_tx(self, items: Vec<RenewItem>) -> Result<Vec<bool>, sqlx::Error> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut out = Vec::with_capacity(items.len());
+        for item in &items {
+            let fence: Option<i64> = sqlx::query_scalar(&self.sql.renew)
+                .bind(item.key.as_str())
+                .bind(item.token.as_str())
+                .bind(ms(item.ttl))
+                .fetch_optional(&mut *tx)
+                .await?;
+            out.push(fence.is_some());
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl Backend for SqliteBackend {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        let (key, expected, new) = (key.clone(), expected.cloned(), new.clone());
+        self.detached(move |b| b.cas_tx(key, expected, new, ttl))
+            .await
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        let (key, owner) = (key.clone(), owner.clone());
+        self.detached(move |b| b.delete_tx(key, owner)).await
+    }
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new().with_inspect().with_batch_renew()
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        let row = sqlx::query(&self.sql.inspect)
+            .bind(key.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        row.map(|r| info(&r)).transpose().map_err(|e| map(NAME, e))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
+        let rows = sqlx::query(&self.sql.list)
+            .bind(prefix)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        rows.iter()
+            .map(info)
+            .collect::<Result<_, _>>()
+            .map_err(|e| map(NAME, e))
+    }
+
+    /// All renewals in one `BEGIN IMMEDIATE` transaction (one fsync).
+    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        let items = items.to_vec();
+        self.detached(move |b| b.renew_tx(items)).await
+    }
+}

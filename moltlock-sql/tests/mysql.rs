@@ -1,0 +1,35 @@
+//! MySQL/MariaDB: the conformance suite against `MOLTLOCK_MYSQL_URL`.
+
+use moltlock_core::Error;
+use moltlock_sql::{MySqlBackend, SqlConfig};
+
+fn url() -> Result<String, Error> {
+    std::env::var("MOLTLOCK_MYSQL_URL").map_err(|_| {
+        Error::Config(
+            "set MOLTLOCK_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to a MySQL or \
+             MariaDB the tests may use"
+                .into(),
+        )
+    })
+}
+
+fn mysql() -> moltlock_conformance::Factory {
+    moltlock_conformance::factory(|| async { MySqlBackend::connect(&url()?).await })
+}
+
+moltlock_conformance::conformance_tests!(mysql());
+
+#[tokio::test]
+async fn table_names_are_validated() {
+    let url = url().unwrap_or_else(|e| panic!("{e}"));
+    let res = MySqlBackend::with_config(SqlConfig::new(&url).table("x`; DROP TABLE y")).await;
+    assert!(matches!(res, Err(Error::Config(_))), "{res:?}");
+}
+
+#[tokio::test]
+async fn wrong_password_is_an_auth_error() {
+    let url = url().unwrap_or_else(|e| panic!("{e}"));
+    let bad = url.replacen("root@", "root:definitely-wrong@", 1);
+    let res = MySqlBackend::connect(&bad).await;
+    assert!(matches!(res, Err(Error::Auth { .. })), "{res:?}");
+}

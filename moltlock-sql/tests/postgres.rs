@@ -1,0 +1,234 @@
+//! Postgres: the conformance suite on the shared server (or one the fixture
+//! starts), and the checks particular to Postgres on servers of our own.
+
+use std::time::Duration;
+
+use moltlock_conformance::fixtures::postgres::{self, PgOptions};
+use moltlock_core::{Backend, Error, LockManager, Token};
+use moltlock_sql::{PostgresBackend, SqlConfig};
+
+fn pg() -> moltlock_conformance::Factory {
+    moltlock_conformance::factory(|| async {
+        let url = postgres::shared_url().map_err(Error::Config)?;
+        PostgresBackend::connect(&url).await
+    })
+}
+
+moltlock_conformance::conformance_tests!(pg());
+
+fn shared() -> String {
+    postgres::shared_url().unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test]
+async fn table_and_schema_names_are_validated() {
+    let url = shared();
+    for bad in ["x; DROP TABLE y", "a\"b", "", "9z", "Ünïcode"] {
+        let res = PostgresBackend::with_config(SqlConfig::new(&url).table(bad)).await;
+        assert!(
+            matches!(res, Err(Error::Config(_))),
+            "table {bad:?}: {res:?}"
+        );
+        let res = PostgresBackend::with_config(SqlConfig::new(&url).schema(bad)).await;
+        assert!(
+            matches!(res, Err(Error::Config(_))),
+            "schema {bad:?}: {res:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn custom_schema_and_unlogged_table_work() {
+    let url = shared();
+    let suffix = uuid_suffix();
+    let cfg = SqlConfig::new(&url)
+        .schema(format!("ml_{suffix}"))
+        .table("fast_locks")
+        .unlogged(true);
+    let b = PostgresBackend::with_config(cfg).await.unwrap();
+    let persistence: String = sqlx::query_scalar(
+        "SELECT relpersistence::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = 'fast_locks'",
+    )
+    .bind(format!("ml_{suffix}"))
+    .fetch_one(b.pool())
+    .await
+    .unwrap();
+    assert_eq!(persistence, "u", "the table is not unlogged");
+    let g = LockManager::new(b.clone()).lock("k").await.unwrap();
+    assert!(g.is_held());
+    g.release().await.unwrap();
+    sqlx::query(&format!("DROP SCHEMA ml_{suffix} CASCADE"))
+        .execute(b.pool())
+        .await
+        .unwrap();
+}
+
+fn uuid_suffix() -> String {
+    Token::random().as_str().replace('-', "")[..12].to_owned()
+}
+
+#[tokio::test]
+async fn concurrent_migrations_do_not_race() {
+    let url = shared();
+    let table = format!("race_{}", uuid_suffix());
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let cfg = SqlConfig::new(&url).table(&table);
+        tasks.push(tokio::spawn(PostgresBackend::with_config(cfg)));
+    }
+    let mut last = None;
+    for t in tasks {
+        last = Some(t.await.unwrap().unwrap());
+    }
+    let b = last.unwrap();
+    b.migrate().await.unwrap();
+    sqlx::query(&format!("DROP TABLE {table}; DROP SEQUENCE {table}_fence"))
+        .execute(b.pool())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn ddl_is_documented_for_operators() {
+    let ddl = PostgresBackend::ddl(&SqlConfig::new("postgres://x/y")).unwrap();
+    assert!(
+        ddl.contains("CREATE SEQUENCE IF NOT EXISTS \"moltlock_locks_fence\""),
+        "{ddl}"
+    );
+    assert!(
+        ddl.contains("CREATE TABLE IF NOT EXISTS \"moltlock_locks\""),
+        "{ddl}"
+    );
+}
+
+#[tokio::test]
+async fn down_server_is_unavailable() {
+    let port = moltlock_conformance::fixtures::free_port().unwrap();
+    let cfg = SqlConfig::new(format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+        .acquire_timeout(Duration::from_secs(2));
+    let res = PostgresBackend::with_config(cfg).await;
+    assert!(
+        matches!(res, Err(ref e) if e.is_retryable()),
+        "expected a retryable Unavailable error: {res:?}"
+    );
+}
+
+/// The server's clock runs an hour ahead of the client's. Expiry must follow
+/// the server: a 2 s hold stays held for about 2 s, then frees. Were the
+/// client's clock used for `expires_at`, the hold would be expired on arrival.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_follows_the_database_clock() {
+    let opts = PgOptions {
+        clock_offset: Some("+1h".into()),
+        ..PgOptions::default()
+    };
+    let server = postgres::start(&opts).unwrap_or_else(|e| panic!("{e}"));
+    let b = PostgresBackend::connect(&server.url).await.unwrap();
+    let skew: f64 = sqlx::query_scalar("SELECT extract(epoch FROM now())::float8")
+        .fetch_one(b.pool())
+        .await
+        .unwrap();
+    let local = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        skew - local > 3000.0,
+        "the server clock is not skewed: {skew} vs {local}"
+    );
+    let holder = Token::random();
+    let key: moltlock_core::LockKey = "skewed".parse().unwrap();
+    let out = b
+        .cas(&key, None, &holder, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(matches!(out, moltlock_core::CasOutcome::Acquired { .. }));
+    let other = Token::random();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let early = b
+        .cas(&key, None, &other, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(
+        matches!(early, moltlock_core::CasOutcome::Held(_)),
+        "the hold expired at once: expiry used the client's clock"
+    );
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let late = b
+        .cas(&key, None, &other, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(
+        matches!(late, moltlock_core::CasOutcome::Acquired { .. }),
+        "the hold outlived its TTL on the server clock"
+    );
+}
+
+/// Holders keep their locks across a server restart or report lost — never
+/// a silent double holder — and fences after the restart are greater.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_keeps_or_reports_holds_and_fences_grow() {
+    let mut server = postgres::start(&PgOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let b = PostgresBackend::connect(&server.url).await.unwrap();
+    let ttl = Duration::from_secs(3);
+    let m = LockManager::builder(b.clone()).ttl(ttl).build().unwrap();
+    let mut guards = Vec::new();
+    for i in 0..5 {
+        guards.push(m.lock(format!("restart/{i}")).await.unwrap());
+    }
+    let before = guards.iter().map(|g| g.fence()).max().unwrap();
+    server
+        .server
+        .as_mut()
+        .unwrap()
+        .restart_with("INT")
+        .unwrap_or_else(|e| panic!("{e}"));
+    tokio::time::sleep(ttl * 2).await;
+    let other = LockManager::new(PostgresBackend::connect(&server.url).await.unwrap());
+    for (i, g) in guards.iter().enumerate() {
+        let stolen = other.try_lock(format!("restart/{i}")).await.unwrap();
+        assert!(
+            !(g.is_held() && stolen.is_some()),
+            "hold {i} is held locally while another client acquired it"
+        );
+    }
+    let after = other.lock("restart/fresh").await.unwrap();
+    assert!(
+        after.fence() > before,
+        "fence {} after restart, {before} before",
+        after.fence()
+    );
+}
+
+/// scram-sha-256 over TLS (`sslmode=require`) on a server of our own; a
+/// wrong password is a clear authentication error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scram_password_over_tls() {
+    let opts = PgOptions {
+        tls: true,
+        password: Some("s3cret-pw".into()),
+        ..PgOptions::default()
+    };
+    let server = postgres::start(&opts).unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("{}?sslmode=require", server.url);
+    let b = PostgresBackend::connect(&url).await.unwrap();
+    let ssl: bool = sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .fetch_one(b.pool())
+        .await
+        .unwrap();
+    assert!(ssl, "the connection is not encrypted");
+    let g = LockManager::new(b).lock("tls").await.unwrap();
+    g.release().await.unwrap();
+    let wrong = url.replace("s3cret-pw", "wrong-pw");
+    let res = PostgresBackend::connect(&wrong).await;
+    assert!(
+        matches!(res, Err(Error::Auth { .. })),
+        "expected Error::Auth: {res:?}"
+    );
+    let shown = format!("{:?}", SqlConfig::new(&url));
+    assert!(
+        !shown.contains("s3cret-pw"),
+        "the password shows in Debug: {shown}"
+    );
+}
