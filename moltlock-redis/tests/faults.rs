@@ -1,0 +1,151 @@
+//! Store faults on servers this test owns: a restart without persistence,
+//! a flushed script cache, a store that is down, bad URLs.
+
+use std::time::Duration;
+
+use moltlock_conformance::fixtures::redis as fx;
+use moltlock_core::{Backend, Error, LockKey, LockManager, LostReason, Token};
+use moltlock_redis::{RedisBackend, RedisConfig};
+use tokio::time::Instant;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn fast(url: &str) -> Result<RedisConfig, Error> {
+    RedisConfig::builder()
+        .url(url)?
+        .connect_timeout(Duration::from_millis(500))
+        .command_timeout(Duration::from_millis(500))
+        .build()
+}
+
+/// Every holder learns of the loss within one renewal interval (plus slack)
+/// after a restart wiped the keys, and fences after the restart are greater.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_loses_holds_and_keeps_fences_increasing() -> TestResult {
+    let mut redis = fx::start_owned()?;
+    let backend = RedisBackend::connect(fast(&redis.url())?).await?;
+    let ttl = Duration::from_secs(3);
+    let interval = ttl / 3;
+    let manager = LockManager::builder(backend.clone()).ttl(ttl).build()?;
+    let mut guards = Vec::new();
+    for i in 0..4 {
+        guards.push(manager.lock(format!("restart/{i}")).await?);
+    }
+    let before = guards.iter().map(|g| g.fence()).max().ok_or("no guards")?;
+    redis.restart()?;
+    let restarted = Instant::now();
+    for g in &guards {
+        let reason = tokio::time::timeout(interval * 2 + Duration::from_millis(500), g.lost())
+            .await
+            .map_err(|_| format!("{} not lost within {:?}", g.key(), restarted.elapsed()))?;
+        println!("{}: {reason}", g.key());
+        assert_eq!(reason, LostReason::Refused);
+    }
+    let lost_after = restarted.elapsed();
+    println!("all holds lost {lost_after:?} after the restart");
+    assert!(
+        lost_after <= interval + Duration::from_millis(1500),
+        "{lost_after:?}"
+    );
+    for i in 0..4 {
+        let g = manager.lock(format!("restart/{i}")).await?;
+        assert!(g.fence() > before, "fence {} after {}", g.fence(), before);
+        g.release().await?;
+    }
+    Ok(())
+}
+
+/// A flushed script cache (`NOSCRIPT`) is repaired by sending the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushed_script_cache_is_reloaded() -> TestResult {
+    let redis = fx::start_owned()?;
+    let backend = RedisBackend::from_url(&redis.url()).await?;
+    let key = LockKey::new("noscript")?;
+    let token = Token::random();
+    let ttl = Duration::from_secs(5);
+    backend.cas(&key, None, &token, ttl).await?;
+    let client = redis::Client::open(redis.url())?;
+    let mut raw = client.get_multiplexed_async_connection().await?;
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .exec_async(&mut raw)
+        .await?;
+    let renewed = backend.cas(&key, Some(&token), &token, ttl).await?;
+    assert!(matches!(
+        renewed,
+        moltlock_core::CasOutcome::Acquired { .. }
+    ));
+    let items = [moltlock_core::RenewItem {
+        key: key.clone(),
+        token: token.clone(),
+        ttl,
+    }];
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .exec_async(&mut raw)
+        .await?;
+    assert_eq!(backend.renew_many(&items).await?, vec![true]);
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .exec_async(&mut raw)
+        .await?;
+    assert!(backend.delete(&key, &token).await?);
+    Ok(())
+}
+
+/// Nothing listening: a clean, retryable error, quickly.
+#[tokio::test]
+async fn closed_port_is_unavailable() -> TestResult {
+    let port = moltlock_conformance::fixtures::free_port()?;
+    let started = Instant::now();
+    let err = RedisBackend::connect(fast(&format!("redis://127.0.0.1:{port}"))?)
+        .await
+        .err()
+        .ok_or("connected to a closed port")?;
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    Ok(())
+}
+
+/// A server that dies under a connected backend gives retryable errors,
+/// and the backend works again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_server_is_unavailable_then_recovers() -> TestResult {
+    let mut redis = fx::start_owned()?;
+    let backend = RedisBackend::connect(fast(&redis.url())?).await?;
+    let key = LockKey::new("down")?;
+    redis.server.kill();
+    let err = backend
+        .cas(&key, None, &Token::random(), Duration::from_secs(1))
+        .await
+        .err()
+        .ok_or("a dead server granted a lock")?;
+    assert!(err.is_retryable(), "{err:?}");
+    redis.restart()?;
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        match backend
+            .cas(&key, None, &Token::random(), Duration::from_secs(1))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_retryable() && Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn bad_urls_are_config_errors() {
+    for url in [
+        "http://127.0.0.1:6379",
+        "redis://",
+        "redis://127.0.0.1/nodb",
+        "::",
+    ] {
+        let err = RedisBackend::from_url(url).await.err();
+        assert!(matches!(err, Some(Error::Config(_))), "{url}: {err:?}");
+    }
+}
