@@ -1,0 +1,128 @@
+//! TLS and ACL: a TLS-only `redis-server` this test owns, with certificates
+//! made for the test and an ACL user limited to what the backend needs.
+
+use std::sync::Arc;
+
+use moltlock_conformance::fixtures::redis as fx;
+use moltlock_core::{Backend, Error, LockKey, Token};
+use moltlock_redis::{RedisBackend, RedisConfig};
+
+/// The commands, keys and channels the backend needs, and nothing else.
+const LOCKER_ACL: &[&str] = &[
+    "locker",
+    "on",
+    ">locker-pw",
+    "resetkeys",
+    "~moltlock:*",
+    "resetchannels",
+    "&moltlock:{*",
+    "-@all",
+    "+eval",
+    "+evalsha",
+    "+get",
+    "+set",
+    "+del",
+    "+pexpire",
+    "+pttl",
+    "+time",
+    "+publish",
+    "+psubscribe",
+    "+scan",
+    "+ping",
+];
+
+fn acl_args() -> Vec<String> {
+    let mut args = vec!["--user".to_string()];
+    args.extend(
+        ["default", "on", ">admin-pw", "~*", "&*", "+@all"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    args.push("--user".into());
+    args.extend(LOCKER_ACL.iter().map(|s| s.to_string()));
+    args
+}
+
+fn start() -> Result<fx::TlsRedis, String> {
+    fx::start_tls(&acl_args())
+}
+
+fn config(server: &fx::TlsRedis, user: &str, pw: &str) -> Result<RedisConfig, Error> {
+    RedisConfig::builder()
+        .url(&server.redis.url())?
+        .username(user)
+        .password(pw)
+        .tls_ca_cert_pem(server.tls.ca_pem.clone())
+        .build()
+}
+
+fn tls_store() -> moltlock_conformance::Factory {
+    let server = Arc::new(start());
+    moltlock_conformance::factory(move || {
+        let server = server.clone();
+        async move {
+            match server.as_ref() {
+                Ok(s) => RedisBackend::connect(config(s, "locker", "locker-pw")?).await,
+                Err(e) => Err(Error::Config(e.clone())),
+            }
+        }
+    })
+}
+
+/// The whole suite over TLS as the restricted ACL user.
+mod conformance_over_tls_as_acl_user {
+    use super::tls_store;
+    moltlock_conformance::conformance_tests!(tls_store());
+}
+
+#[tokio::test]
+async fn wrong_password_is_auth_error() -> Result<(), Box<dyn std::error::Error>> {
+    let server = start()?;
+    let err = RedisBackend::connect(config(&server, "locker", "not-the-password")?)
+        .await
+        .err()
+        .ok_or("connected with a wrong password")?;
+    assert!(matches!(err, Error::Auth { .. }), "{err:?}");
+    assert!(!err.to_string().contains("not-the-password"), "{err}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn keys_outside_the_acl_are_auth_errors() -> Result<(), Box<dyn std::error::Error>> {
+    let server = start()?;
+    let cfg = RedisConfig::builder()
+        .url(&server.redis.url())?
+        .username("locker")
+        .password("locker-pw")
+        .key_prefix("elsewhere:")
+        .tls_ca_cert_pem(server.tls.ca_pem.clone())
+        .build()?;
+    let backend = RedisBackend::connect(cfg).await?;
+    let err = backend
+        .cas(
+            &LockKey::new("k")?,
+            None,
+            &Token::random(),
+            std::time::Duration::from_secs(1),
+        )
+        .await
+        .err()
+        .ok_or("wrote outside the ACL key pattern")?;
+    assert!(matches!(err, Error::Auth { .. }), "{err:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn untrusted_certificate_is_refused() -> Result<(), Box<dyn std::error::Error>> {
+    let server = start()?;
+    let other = fx::make_tls_files()?;
+    let cfg = RedisConfig::builder()
+        .url(&server.redis.url())?
+        .username("locker")
+        .password("locker-pw")
+        .tls_ca_cert_pem(other.ca_pem.clone())
+        .build()?;
+    let err = RedisBackend::connect(cfg).await.err();
+    assert!(err.is_some(), "trusted a certificate from an unknown CA");
+    Ok(())
+}
