@@ -2,7 +2,7 @@
 //!
 //! | etcd failure | MoltLock error |
 //! |---|---|
-//! | connection refused, transport error, `Unavailable`, `DeadlineExceeded`, leader changed / no leader, `Aborted`, `ResourceExhausted` | [`Error::Unavailable`] (retryable) |
+//! | connection refused, transport error, `Unavailable`, `DeadlineExceeded`, `Unknown` (the client's code for a broken connection; etcd's for "leader changed"), no leader, `Aborted`, `ResourceExhausted` | [`Error::Unavailable`] (retryable) |
 //! | `Unauthenticated`, `PermissionDenied`, "authentication failed", "invalid auth token", "permission denied" | [`Error::Auth`] |
 //! | lease not found | [`Error::Store`], retryable (the next attempt grants a fresh lease) |
 //! | request too large, too many operations in a Txn | [`Error::Store`], not retryable |
@@ -64,7 +64,8 @@ fn map_status(s: &tonic::Status) -> Error {
         | Code::DeadlineExceeded
         | Code::Aborted
         | Code::ResourceExhausted
-        | Code::Cancelled => Error::unavailable(NAME, format!("{:?}: {msg}", s.code())),
+        | Code::Cancelled
+        | Code::Unknown => Error::unavailable(NAME, format!("{:?}: {msg}", s.code())),
         Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
             Error::store(NAME, format!("{:?}: {msg}", s.code()), false)
         }
@@ -93,6 +94,8 @@ fn is_transient_message(msg: &str) -> bool {
         "too many requests",
         "not capable",
         "stopped",
+        "transport error",
+        "connection",
     ]
     .iter()
     .any(|m| msg.contains(m))

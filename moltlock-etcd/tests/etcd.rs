@@ -1,0 +1,374 @@
+//! etcd-specific behaviour against real servers: cancelled acquisitions,
+//! session loss, the fair queue's wake-ups and order, compaction, errors.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use moltlock_conformance::fixtures::etcd::{etcd, start_single, Etcd};
+use moltlock_core::{
+    Backend, CasOutcome, Error, LockKey, LockManager, LockOptions, RetryPolicy, Token,
+};
+use moltlock_etcd::{EtcdBackend, EtcdConfig};
+use tokio::time::Instant;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn server() -> Result<Etcd, String> {
+    etcd()
+}
+
+async fn open(endpoints: &[String]) -> Result<EtcdBackend, Error> {
+    EtcdBackend::connect(EtcdConfig::builder(endpoints.to_vec()).build()?).await
+}
+
+fn manager(b: EtcdBackend, ttl: Duration) -> Result<LockManager, Error> {
+    LockManager::builder(b)
+        .ttl(ttl)
+        .retry(RetryPolicy::Fixed(Duration::from_millis(20)))
+        .build()
+}
+
+fn key(name: &str) -> String {
+    format!("etcd-tests/{name}/{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A cheap random number (no extra dependency).
+fn rand(seed: u64) -> u64 {
+    let x = uuid::Uuid::new_v4().as_u128() as u64;
+    x ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// Everything stored under the prefix of `key` (lock key and queue entries).
+async fn keys_under(b: &EtcdBackend, key: &str) -> Result<Vec<String>, etcd_client::Error> {
+    let mut c = b.client().clone();
+    let opts = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_keys_only();
+    let resp = c.get(format!("{}{key}", b.prefix()), Some(opts)).await?;
+    Ok(resp
+        .kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+        .collect())
+}
+
+async fn wait_until_empty(
+    b: &EtcdBackend,
+    key: &str,
+    within: Duration,
+) -> Result<bool, Box<dyn std::error::Error>> {
+    let until = Instant::now() + within;
+    loop {
+        if keys_under(b, key).await?.is_empty() {
+            return Ok(true);
+        }
+        if Instant::now() >= until {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Acquisitions (plain and fair) dropped at random points leave nothing
+/// behind: no lock key and no queue entry, long before the 30 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquires_leave_nothing_behind() -> TestResult {
+    let etcd = server()?;
+    let b = open(&etcd.endpoints).await?;
+    let m = manager(b.clone(), Duration::from_secs(30))?;
+    let k = key("cancelled");
+    let mut finished = 0;
+    for i in 0..60u64 {
+        let budget = Duration::from_micros(rand(i) % 4000);
+        let opts = if i % 2 == 0 {
+            LockOptions::new()
+        } else {
+            LockOptions::new().fair()
+        };
+        if let Ok(r) = tokio::time::timeout(budget, m.acquire(&k, opts)).await {
+            if let Some(g) = r? {
+                g.release().await?;
+                finished += 1;
+            }
+        }
+    }
+    let observer = open(&etcd.endpoints).await?;
+    assert!(
+        wait_until_empty(&observer, &k, Duration::from_secs(5)).await?,
+        "cancelled acquires left keys behind: {:?}",
+        keys_under(&observer, &k).await?
+    );
+    assert_eq!(m.held_count(), 0);
+    println!("{finished} of 60 acquisitions finished before their budget");
+    Ok(())
+}
+
+/// A fair waiter dropped while queued behind a holder removes its entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_fair_waiter_leaves_the_queue() -> TestResult {
+    let etcd = server()?;
+    let holder = manager(open(&etcd.endpoints).await?, Duration::from_secs(10))?;
+    let k = key("fair-dropped");
+    let g = holder.lock(&k).await?;
+    let waiter = manager(open(&etcd.endpoints).await?, Duration::from_secs(10))?;
+    let w = tokio::time::timeout(
+        Duration::from_millis(500),
+        waiter.acquire(&k, LockOptions::new().fair()),
+    )
+    .await;
+    assert!(w.is_err(), "the fair waiter acquired a held key");
+    let observer = open(&etcd.endpoints).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let left = keys_under(&observer, &k).await?;
+    assert_eq!(left.len(), 1, "only the lock key should remain: {left:?}");
+    g.release().await?;
+    assert!(wait_until_empty(&observer, &k, Duration::from_secs(2)).await?);
+    Ok(())
+}
+
+/// Revoking the session lease behind the manager's back: every hold of
+/// the session reports lost, another manager acquires, and the first
+/// manager's next acquisition works on a fresh lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_session_lease_fires_lost() -> TestResult {
+    let etcd = server()?;
+    let ttl = Duration::from_secs(3);
+    let b = open(&etcd.endpoints).await?;
+    let m = manager(b.clone(), ttl)?;
+    let (k1, k2) = (key("session-a"), key("session-b"));
+    let g1 = m.lock(&k1).await?;
+    let g2 = m.lock(&k2).await?;
+    let leases = b.lease_ids();
+    assert_eq!(
+        leases.len(),
+        1,
+        "one lease per session and TTL, got {leases:?}"
+    );
+    let mut admin = open(&etcd.endpoints).await?.client().clone();
+    admin.lease_revoke(leases[0]).await?;
+    let revoked_at = Instant::now();
+    let bound = ttl / 3 + ttl / 6 + Duration::from_millis(200);
+    tokio::time::timeout(bound, g1.lost())
+        .await
+        .map_err(|_| "g1 not lost in time")?;
+    tokio::time::timeout(bound, g2.lost())
+        .await
+        .map_err(|_| "g2 not lost in time")?;
+    assert!(
+        revoked_at.elapsed() < ttl,
+        "lost() fired only after a whole TTL"
+    );
+    let other = manager(open(&etcd.endpoints).await?, ttl)?;
+    let taken = other.try_lock(&k1).await?;
+    assert!(
+        taken.is_some(),
+        "another manager could not acquire after the session ended"
+    );
+    let again = m.lock_timeout(&k2, Duration::from_secs(2)).await?;
+    assert!(again.is_held());
+    assert_ne!(
+        b.lease_ids(),
+        leases,
+        "a fresh lease should have been granted"
+    );
+    Ok(())
+}
+
+/// `close()` revokes the session: its holds vanish at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_ends_the_session() -> TestResult {
+    let etcd = server()?;
+    let b = open(&etcd.endpoints).await?;
+    let m = manager(b.clone(), Duration::from_secs(30))?;
+    let k = key("close");
+    let g = m.lock(&k).await?;
+    b.close().await?;
+    let observer = open(&etcd.endpoints).await?;
+    assert!(wait_until_empty(&observer, &k, Duration::from_secs(1)).await?);
+    tokio::time::timeout(Duration::from_secs(12), g.lost())
+        .await
+        .map_err(|_| "not lost")?;
+    Ok(())
+}
+
+/// Five fair waiters on five sessions queue behind a fair holder, who asks
+/// again right after releasing: everyone is served in arrival order, the
+/// releaser last, and each release wakes exactly one waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_queue_wakes_one_waiter_per_release() -> TestResult {
+    let etcd = server()?;
+    let k = key("fair-wakeups");
+    let holder_b = open(&etcd.endpoints).await?;
+    let holder = manager(holder_b.clone(), Duration::from_secs(10))?;
+    let first = holder
+        .acquire(&k, LockOptions::new().fair())
+        .await?
+        .ok_or("no guard")?;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut backends = Vec::new();
+    let mut tasks = Vec::new();
+    let mut release_tx = Vec::new();
+    for i in 0..5usize {
+        let b = open(&etcd.endpoints).await?;
+        backends.push(b.clone());
+        let (m, k, order) = (
+            manager(b, Duration::from_secs(10))?,
+            k.clone(),
+            order.clone(),
+        );
+        let (tx, go) = tokio::sync::oneshot::channel::<()>();
+        release_tx.push(Some(tx));
+        tasks.push(tokio::spawn(async move {
+            let g = m
+                .acquire(&k, LockOptions::new().fair())
+                .await?
+                .ok_or(Error::Config("no guard".into()))?;
+            if let Ok(mut o) = order.lock() {
+                o.push(i);
+            }
+            let _ = go.await;
+            g.release().await
+        }));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let wakeups = |bs: &[EtcdBackend]| {
+        bs.iter()
+            .map(EtcdBackend::watch_wakeups)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        wakeups(&backends),
+        vec![0; 5],
+        "a waiter woke before any release"
+    );
+    first.release().await?;
+    let again = {
+        let (m, k) = (holder.clone(), k.clone());
+        tokio::spawn(async move { m.acquire(&k, LockOptions::new().fair()).await })
+    };
+    for served in 1..=5usize {
+        let until = Instant::now() + Duration::from_secs(5);
+        while order.lock().map(|o| o.len()).unwrap_or(0) < served && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let woke: u64 = wakeups(&backends).iter().sum();
+        assert_eq!(
+            woke,
+            served as u64,
+            "after {served} releases: wake-ups {:?}",
+            wakeups(&backends)
+        );
+        if let Some(tx) = release_tx.get_mut(served - 1).and_then(Option::take) {
+            let _ = tx.send(());
+        }
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let last = again.await??.ok_or("no guard for the releaser")?;
+    let got = order.lock().map(|o| o.clone()).unwrap_or_default();
+    assert_eq!(got, vec![0, 1, 2, 3, 4], "not served in arrival order");
+    assert_eq!(
+        wakeups(&backends),
+        vec![1; 5],
+        "each waiter should wake exactly once"
+    );
+    last.release().await?;
+    Ok(())
+}
+
+/// A release between the failed attempt and the watch is not missed, and a
+/// watch whose start revision was compacted away wakes instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_sees_earlier_release_and_survives_compaction() -> TestResult {
+    let etcd = server()?;
+    let a = open(&etcd.endpoints).await?;
+    let b = open(&etcd.endpoints).await?;
+    let k: LockKey = key("watch").parse()?;
+    let owner = Token::random();
+    assert!(matches!(
+        a.cas(&k, None, &owner, Duration::from_secs(10)).await?,
+        CasOutcome::Acquired { .. }
+    ));
+    let CasOutcome::Held(held) = b
+        .cas(&k, None, &Token::random(), Duration::from_secs(10))
+        .await?
+    else {
+        return Err("the key should be held".into());
+    };
+    assert!(held.revision.is_some() && held.holder.as_ref() == Some(&owner));
+    assert!(a.delete(&k, &owner).await?);
+    let mut w = b.watch(&k).await?.ok_or("no watch")?;
+    tokio::time::timeout(Duration::from_secs(2), w.released(&held))
+        .await
+        .map_err(|_| "missed the release")??;
+
+    let mut admin = a.client().clone();
+    for i in 0..5 {
+        admin
+            .put(format!("{}filler", a.prefix()), format!("{i}"), None)
+            .await?;
+    }
+    let rev = admin
+        .get("x", None)
+        .await?
+        .header()
+        .map_or(0, |h| h.revision());
+    admin.compact(rev, None).await?;
+    tokio::time::timeout(Duration::from_secs(2), w.released(&held))
+        .await
+        .map_err(|_| "compacted watch hung")??;
+    Ok(())
+}
+
+/// A store that is down gives a retryable `Unavailable`, quickly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_down_is_unavailable() -> TestResult {
+    let mut own = start_single()?;
+    let b = open(&[own.endpoint()]).await?;
+    let k: LockKey = key("down").parse()?;
+    own.process.kill();
+    let started = Instant::now();
+    let res = b
+        .cas(&k, None, &Token::random(), Duration::from_secs(5))
+        .await;
+    assert!(
+        matches!(&res, Err(e) if e.is_retryable()),
+        "expected a retryable error, got {res:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(12));
+    let cfg = EtcdConfig::builder([own.endpoint()])
+        .dial_timeout(Duration::from_millis(500))
+        .build()?;
+    let res = EtcdBackend::connect(cfg).await;
+    assert!(
+        matches!(res, Err(Error::Unavailable { .. })),
+        "expected Unavailable, got {res:?}"
+    );
+    Ok(())
+}
+
+/// Bad configuration is refused with `Error::Config`.
+#[tokio::test]
+async fn bad_config_is_refused() {
+    assert!(matches!(
+        EtcdConfig::builder(Vec::<String>::new()).build(),
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        EtcdConfig::builder(["127.0.0.1:1"])
+            .session_ttl(Duration::from_secs(1))
+            .build(),
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        EtcdBackend::from_url("http://127.0.0.1:1").await,
+        Err(Error::Config(_))
+    ));
+    let cfg = EtcdConfig::builder(["127.0.0.1:1"])
+        .auth("root", "hunter2")
+        .build();
+    let shown = format!("{cfg:?}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+}
