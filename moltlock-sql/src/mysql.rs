@@ -112,8 +112,11 @@ fn micros(ttl: Duration) -> i64 {
 
 fn info(row: &MySqlRow) -> Result<HolderInfo, sqlx::Error> {
     let left: Option<i64> = row.try_get(3)?;
+    // A binary collation makes the key column read back as bytes.
+    let key: Vec<u8> = row.try_get(0)?;
+    let key = String::from_utf8(key).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
     Ok(HolderInfo {
-        key: row.try_get(0)?,
+        key,
         holder: Token::from_stored(row.try_get::<String, _>(1)?),
         fence: Some(Fence(row.try_get::<u64, _>(2)?)),
         expires_in: left.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),

@@ -83,10 +83,12 @@ async fn concurrent_migrations_do_not_race() {
     }
     let b = last.unwrap();
     b.migrate().await.unwrap();
-    sqlx::query(&format!("DROP TABLE {table}; DROP SEQUENCE {table}_fence"))
-        .execute(b.pool())
-        .await
-        .unwrap();
+    for stmt in [
+        format!("DROP TABLE {table}"),
+        format!("DROP SEQUENCE {table}_fence"),
+    ] {
+        sqlx::query(&stmt).execute(b.pool()).await.unwrap();
+    }
 }
 
 #[tokio::test]
