@@ -1,0 +1,71 @@
+//! etcd with client TLS and auth: a correct configuration works; a wrong
+//! password is a clear `Error::Auth`.
+
+use std::time::Duration;
+
+use moltlock_conformance::fixtures::etcd::{make_certs, start_tls, TestCerts};
+use moltlock_core::{Error, LockManager};
+use moltlock_etcd::{EtcdBackend, EtcdConfig, EtcdConfigBuilder};
+
+fn tls_config(endpoint: &str, certs: &TestCerts) -> EtcdConfigBuilder {
+    EtcdConfig::builder([endpoint.to_owned()])
+        .tls_ca_file(certs.ca())
+        .tls_client_files(certs.client_cert(), certs.client_key())
+        .tls_domain("localhost")
+        .dial_timeout(Duration::from_secs(3))
+}
+
+async fn enable_auth(endpoint: &str, certs: &TestCerts) -> Result<(), Box<dyn std::error::Error>> {
+    let admin = EtcdBackend::connect(tls_config(endpoint, certs).build()?).await?;
+    let mut c = admin.client().clone();
+    c.user_add("root", "root-secret", None).await?;
+    c.role_add("root").await?;
+    c.user_grant_role("root", "root").await?;
+    c.auth_enable().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_auth() -> Result<(), Box<dyn std::error::Error>> {
+    let certs = make_certs()?;
+    let server = start_tls(&certs)?;
+    let ep = server.endpoint();
+    enable_auth(&ep, &certs).await?;
+
+    let good = tls_config(&ep, &certs)
+        .auth("root", "root-secret")
+        .build()?;
+    let m = LockManager::builder(EtcdBackend::connect(good).await?)
+        .ttl(Duration::from_secs(5))
+        .build()?;
+    let g = m.lock("tls/locked").await?;
+    assert!(g.is_held());
+    assert!(m.try_lock("tls/locked").await?.is_none());
+    g.release().await?;
+
+    let wrong = tls_config(&ep, &certs).auth("root", "wrong").build()?;
+    match EtcdBackend::connect(wrong).await {
+        Err(Error::Auth { message, .. }) => {
+            assert!(message.contains("authentication failed"), "{message}")
+        }
+        other => panic!("expected Error::Auth, got {other:?}"),
+    }
+
+    let url = format!(
+        "etcds://root:root-secret@{ep}/tls-url?ca={}&cert={}&key={}&domain=localhost",
+        certs.ca().display(),
+        certs.client_cert().display(),
+        certs.client_key().display()
+    );
+    let m = LockManager::new(EtcdBackend::from_url(&url).await?);
+    m.lock("tls/url").await?.release().await?;
+
+    let plain = EtcdConfig::builder([ep.clone()])
+        .dial_timeout(Duration::from_secs(1))
+        .build()?;
+    assert!(
+        EtcdBackend::connect(plain).await.is_err(),
+        "plain text reached a TLS-only server"
+    );
+    Ok(())
+}
