@@ -117,6 +117,14 @@ impl RedisBackend {
             .map_err(map)
     }
 
+    /// The fence retention argument of the scripts (ms; 0: forever).
+    fn keep(&self) -> String {
+        self.inner
+            .cfg
+            .fence_retention()
+            .map_or_else(|| "0".to_owned(), millis)
+    }
+
     fn check(&self, key: &LockKey, ttl: Duration) -> Result<(), Error> {
         key.check_len(CAPABILITIES.max_key_len)?;
         check_ttl(ttl, CAPABILITIES.min_ttl)
@@ -142,11 +150,13 @@ impl RedisBackend {
             .iter()
             .map(|i| (layout.lock(&i.key), layout.fence(&i.key), millis(i.ttl)))
             .collect();
+        let keep = self.keep();
         let build = |by_source: bool| {
             let mut pipe = redis::pipe();
             for (item, (lock, fence, ttl)) in items.iter().zip(&keys) {
                 let token = item.token.as_str();
-                pipe.add_command(SWAP.cmd(by_source, &[lock, fence], &[token, token, ttl]));
+                let args = [token, token, ttl, &keep];
+                pipe.add_command(SWAP.cmd(by_source, &[lock, fence], &args));
             }
             pipe
         };
@@ -244,10 +254,14 @@ impl Backend for RedisBackend {
         let layout = &self.inner.layout;
         let (lock, fence, ttl) = (layout.lock(key), layout.fence(key), millis(ttl));
         let keys = [lock.as_str(), fence.as_str()];
+        let keep = self.keep();
         let reply: CasReply = match expected {
-            None => self.script(&ACQUIRE, &keys, &[new.as_str(), &ttl]).await?,
+            None => {
+                let args = [new.as_str(), &ttl, &keep];
+                self.script(&ACQUIRE, &keys, &args).await?
+            }
             Some(old) => {
-                let args = [old.as_str(), new.as_str(), &ttl];
+                let args = [old.as_str(), new.as_str(), &ttl, &keep];
                 self.script(&SWAP, &keys, &args).await?
             }
         };

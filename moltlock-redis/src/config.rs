@@ -78,6 +78,7 @@ pub struct RedisConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) command_timeout: Duration,
     pub(crate) tls_files: TlsFiles,
+    pub(crate) fence_retention: Option<Duration>,
 }
 
 impl RedisConfig {
@@ -96,7 +97,8 @@ impl RedisConfig {
     ///   by the host given and any `node=host:port` query parameters.
     ///
     /// Query parameters: `key_prefix`, `connect_timeout_ms`,
-    /// `command_timeout_ms`, `node` (cluster seeds, repeatable).
+    /// `command_timeout_ms`, `fence_retention_ms`, `node` (cluster seeds,
+    /// repeatable).
     ///
     /// # Errors
     /// [`Error::Config`] for an unparsable URL, an unknown scheme or
@@ -124,6 +126,11 @@ impl RedisConfig {
     pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout
     }
+
+    /// How long fence keys outlive their last hold (`None`: forever).
+    pub fn fence_retention(&self) -> Option<Duration> {
+        self.fence_retention
+    }
 }
 
 /// Builds a [`RedisConfig`]; every setter has a default.
@@ -147,6 +154,7 @@ impl Default for RedisConfigBuilder {
                 connect_timeout: DEFAULT_CONNECT_TIMEOUT,
                 command_timeout: DEFAULT_COMMAND_TIMEOUT,
                 tls_files: TlsFiles::default(),
+                fence_retention: None,
             },
             explicit_nodes: false,
         }
@@ -226,6 +234,16 @@ impl RedisConfigBuilder {
         self
     }
 
+    /// Lets a lock's fence key expire `retention` after its last hold was
+    /// taken or renewed (at least the hold's TTL), instead of keeping it
+    /// forever. Saves memory with many short-lived lock keys; after a fence
+    /// key expired, fences rest on the server clock alone (see the crate's
+    /// fencing notes).
+    pub fn fence_retention(mut self, retention: Duration) -> Self {
+        self.cfg.fence_retention = Some(retention);
+        self
+    }
+
     /// Takes every setting a URL gives (see [`RedisConfig::from_url`]).
     ///
     /// # Errors
@@ -277,6 +295,7 @@ impl RedisConfigBuilder {
             "key_prefix" | "prefix" => Ok(self.key_prefix(value)),
             "connect_timeout_ms" => Ok(self.connect_timeout(millis(name, value)?)),
             "command_timeout_ms" => Ok(self.command_timeout(millis(name, value)?)),
+            "fence_retention_ms" => Ok(self.fence_retention(millis(name, value)?)),
             "node" => {
                 let (host, port) = value
                     .rsplit_once(':')
@@ -294,7 +313,7 @@ impl RedisConfigBuilder {
     ///
     /// # Errors
     /// [`Error::Config`] for a prefix with `{`, `}` or control characters,
-    /// no nodes, a zero timeout, a negative database, or a database other
+    /// no nodes, a zero timeout or fence retention, a negative database, or a database other
     /// than 0 in cluster mode.
     pub fn build(self) -> Result<RedisConfig, Error> {
         let cfg = self.cfg;
@@ -310,8 +329,9 @@ impl RedisConfigBuilder {
         if cfg.nodes.is_empty() {
             return Err(bad("no Redis node given"));
         }
-        if cfg.connect_timeout.is_zero() || cfg.command_timeout.is_zero() {
-            return Err(bad("timeouts must be greater than zero"));
+        let zero_retention = cfg.fence_retention.is_some_and(|r| r.as_millis() == 0);
+        if cfg.connect_timeout.is_zero() || cfg.command_timeout.is_zero() || zero_retention {
+            return Err(bad("timeouts and fence retention must be at least 1 ms"));
         }
         if cfg.database < 0 || (cfg.mode == Mode::Cluster && cfg.database != 0) {
             return Err(bad("the database must be >= 0, and 0 in cluster mode"));

@@ -26,7 +26,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// State shared by the subscriber task and the waiters.
 struct Shared {
     keys: Mutex<HashMap<String, watch::Sender<u64>>>,
-    up: watch::Sender<bool>,
+    /// `None` until the first connection attempt ends; then whether the
+    /// subscription is live.
+    up: watch::Sender<Option<bool>>,
 }
 
 impl Shared {
@@ -47,7 +49,7 @@ impl Shared {
     }
 
     fn set_up(&self, up: bool) {
-        self.up.send_replace(up);
+        self.up.send_replace(Some(up));
         self.bump_all();
     }
 }
@@ -61,7 +63,7 @@ pub(crate) struct Notifier {
 impl Notifier {
     /// Starts the subscriber task on `clients` (tried in turn) for `pattern`.
     pub(crate) fn start(clients: Vec<Client>, pattern: String, connect_timeout: Duration) -> Self {
-        let (up, _) = watch::channel(false);
+        let (up, _) = watch::channel(None);
         let shared = Arc::new(Shared {
             keys: Mutex::new(HashMap::new()),
             up,
@@ -80,8 +82,9 @@ impl Notifier {
         }
     }
 
-    /// Registers a waiter for `channel`. Waits up to `within` for the
-    /// subscription to be live, else errors (the manager then polls).
+    /// Registers a waiter for `channel`. Errors (the manager then polls) when
+    /// the subscription is down, or when the first connection attempt does
+    /// not succeed within `within`.
     pub(crate) async fn watch(&self, channel: String, within: Duration) -> Result<KeyWatch, Error> {
         let rx = {
             let mut keys = self.shared.keys();
@@ -97,8 +100,8 @@ impl Notifier {
         };
         let mut up = self.shared.up.subscribe();
         let live = matches!(
-            tokio::time::timeout(within, up.wait_for(|u| *u)).await,
-            Ok(Ok(_))
+            tokio::time::timeout(within, up.wait_for(Option::is_some)).await,
+            Ok(Ok(state)) if *state == Some(true)
         );
         if live {
             Ok(w)
@@ -172,18 +175,18 @@ pub(crate) struct KeyWatch {
     shared: Arc<Shared>,
     channel: String,
     rx: watch::Receiver<u64>,
-    up: watch::Receiver<bool>,
+    up: watch::Receiver<Option<bool>>,
 }
 
 #[async_trait]
 impl ReleaseWatch for KeyWatch {
     async fn released(&mut self, _held: &Held) -> Result<(), Error> {
-        if !*self.up.borrow() {
+        if *self.up.borrow() != Some(true) {
             return Err(Error::unavailable(NAME, "release notifications are down"));
         }
         tokio::select! {
             r = self.rx.changed() => r.map_err(|_| Error::unavailable(NAME, "release notifications stopped")),
-            _ = self.up.wait_for(|u| !*u) => Err(Error::unavailable(NAME, "release notifications are down")),
+            _ = self.up.wait_for(|u| *u != Some(true)) => Err(Error::unavailable(NAME, "release notifications are down")),
         }
     }
 }

@@ -11,51 +11,63 @@ use std::sync::LazyLock;
 use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisResult};
 
 /// Advances the fence of `KEYS[2]` to `max(stored + 1, TIME in µs)` and
-/// leaves its text in the local `text`. Lua numbers are doubles: exact up to
-/// 2^53 µs (year 2255).
+/// leaves its text in the local `text`. The fence key is kept forever when
+/// the local `keep` is 0, else for `max(keep, ttl)` ms. Lua numbers are
+/// doubles: exact up to 2^53 µs (year 2255).
 const ADVANCE_FENCE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local fence = (tonumber(redis.call('GET', KEYS[2])) or 0) + 1
 if now > fence then fence = now end
 local text = string.format('%.0f', fence)
-redis.call('SET', KEYS[2], text)
+if keep > 0 then
+  redis.call('SET', KEYS[2], text, 'PX', math.max(keep, ttl))
+else
+  redis.call('SET', KEYS[2], text)
+end
 ";
 
-/// `KEYS`: lock, fence. `ARGV`: token, ttl ms. Takes a free key (SET NX PX
+/// `KEYS`: lock, fence. `ARGV`: token, ttl ms, fence retention ms (0:
+/// forever). Takes a free key (SET NX PX
 /// in effect) and advances the fence; or reports the holder and its PTTL.
 /// Reply: `{1, fence, 0}` or `{0, holder, pttl}`.
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r"
+local ttl, keep = tonumber(ARGV[2]), tonumber(ARGV[3])
 local cur = redis.call('GET', KEYS[1])
 if cur then
   return {{0, cur, redis.call('PTTL', KEYS[1])}}
 end
 {ADVANCE_FENCE}
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
 return {{1, text, 0}}
 "
     ))
 });
 
-/// `KEYS`: lock, fence. `ARGV`: expected, new, ttl ms. When `expected`
+/// `KEYS`: lock, fence. `ARGV`: expected, new, ttl ms, fence retention ms
+/// (0: forever). When `expected`
 /// holds the key: renews it (compare-and-PEXPIRE, same fence) if `new` is
 /// `expected`, else hands it to `new` with a new fence. Same reply as
 /// [`ACQUIRE`].
 pub(crate) static SWAP: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r"
+local ttl, keep = tonumber(ARGV[3]), tonumber(ARGV[4])
 local cur = redis.call('GET', KEYS[1])
 if cur ~= ARGV[1] then
   return {{0, cur, redis.call('PTTL', KEYS[1])}}
 end
 if ARGV[2] == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  if keep > 0 then
+    redis.call('PEXPIRE', KEYS[2], math.max(keep, ttl))
+  end
   return {{1, redis.call('GET', KEYS[2]) or '0', 0}}
 end
 {ADVANCE_FENCE}
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
 return {{1, text, 0}}
 "
     ))

@@ -1,7 +1,9 @@
 //! The whole conformance suite against one Redis: `MOLTLOCK_REDIS_URL` if
-//! set, else a `redis-server` this test starts (one per case).
+//! set (under a unique key prefix, with fence keys expiring after 10
+//! minutes), else a `redis-server` this test starts (one per case).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use moltlock_conformance::fixtures::redis as fx;
 use moltlock_core::Error;
@@ -14,14 +16,18 @@ fn store() -> moltlock_conformance::Factory {
         let server = server.clone();
         let prefix = prefix.clone();
         async move {
-            let url = match server.as_ref() {
-                Ok(s) => s.url(),
+            let server = match server.as_ref() {
+                Ok(s) => s,
                 Err(e) => return Err(Error::Config(e.clone())),
             };
-            let cfg = RedisConfig::builder()
-                .url(&url)?
-                .key_prefix(prefix)
-                .build()?;
+            let mut cfg = RedisConfig::builder()
+                .url(&server.url())?
+                .key_prefix(prefix);
+            if let fx::RedisServer::Shared(_) = server {
+                // Leave nothing behind on a shared server for long.
+                cfg = cfg.fence_retention(Duration::from_secs(600));
+            }
+            let cfg = cfg.build()?;
             RedisBackend::connect(cfg).await
         }
     })

@@ -149,3 +149,95 @@ async fn bad_urls_are_config_errors() {
         assert!(matches!(err, Some(Error::Config(_))), "{url}: {err:?}");
     }
 }
+
+/// With a fence retention the fence key expires; a lost fence key (as after
+/// a restart without persistence) still gives a greater fence, from the
+/// server clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_retention_and_lost_fence_keys() -> TestResult {
+    let redis = fx::start_owned()?;
+    let cfg = RedisConfig::builder()
+        .url(&redis.url())?
+        .fence_retention(Duration::from_secs(60))
+        .build()?;
+    let backend = RedisBackend::connect(cfg).await?;
+    let key = LockKey::new("retained")?;
+    let token = Token::random();
+    let first = match backend
+        .cas(&key, None, &token, Duration::from_secs(5))
+        .await?
+    {
+        moltlock_core::CasOutcome::Acquired { fence } => fence,
+        other => return Err(format!("{other:?}").into()),
+    };
+    let client = redis::Client::open(redis.url())?;
+    let mut raw = client.get_multiplexed_async_connection().await?;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("moltlock:{retained}:fence")
+        .query_async(&mut raw)
+        .await?;
+    assert!(pttl > 50_000 && pttl <= 60_000, "fence key PTTL {pttl}");
+    assert!(backend.delete(&key, &token).await?);
+    redis::cmd("DEL")
+        .arg("moltlock:{retained}:fence")
+        .exec_async(&mut raw)
+        .await?;
+    let second = match backend
+        .cas(&key, None, &token, Duration::from_secs(5))
+        .await?
+    {
+        moltlock_core::CasOutcome::Acquired { fence } => fence,
+        other => return Err(format!("{other:?}").into()),
+    };
+    assert!(second > first, "{second} after {first}");
+    Ok(())
+}
+
+/// The shared pub/sub connection comes back by itself after the server
+/// drops it, and wake-ups work again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pubsub_reconnects_after_being_dropped() -> TestResult {
+    let redis = fx::start_owned()?;
+    let backend = RedisBackend::from_url(&redis.url()).await?;
+    let holder = LockManager::new(backend.clone());
+    let waiter = LockManager::builder(backend)
+        .ttl(Duration::from_secs(10))
+        .retry(moltlock_core::RetryPolicy::Fixed(Duration::from_secs(5)))
+        .build()?;
+    // A first wait opens the subscription.
+    let g = holder.lock("pubsub/k").await?;
+    let w = tokio::spawn({
+        let waiter = waiter.clone();
+        async move { waiter.lock("pubsub/k").await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    g.release().await?;
+    w.await??.release().await?;
+    // The server drops every pub/sub client.
+    let client = redis::Client::open(redis.url())?;
+    let mut raw = client.get_multiplexed_async_connection().await?;
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut raw)
+        .await?;
+    assert_eq!(killed, 1, "one pub/sub connection per backend");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let g = holder.lock("pubsub/k").await?;
+    let w = tokio::spawn(async move {
+        let g = waiter.lock("pubsub/k").await?;
+        Ok::<_, Error>((Instant::now(), g))
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    g.release().await?;
+    let (acquired, g) = w.await??;
+    assert!(
+        acquired - released < Duration::from_secs(1),
+        "{:?}",
+        acquired - released
+    );
+    g.release().await?;
+    Ok(())
+}

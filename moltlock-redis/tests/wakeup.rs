@@ -16,6 +16,7 @@ async fn eight_waiters_wake_on_release() -> Result<(), Box<dyn std::error::Error
     let cfg = RedisConfig::builder()
         .url(&server.url())?
         .key_prefix(fx::unique_prefix())
+        .fence_retention(Duration::from_secs(600))
         .build()?;
     let backend = RedisBackend::connect(cfg).await?;
     let manager = LockManager::builder(backend)
