@@ -44,8 +44,9 @@
 //!
 //! Each acquisition sets the fence to `max(stored fence + 1, server TIME in
 //! microseconds)`, inside the acquire script. So fences strictly increase
-//! per key while the fence key exists, and — because the fence key is never
-//! given an expiry — across release and expiry too. When Redis restarts
+//! per key while the fence key exists, and — because the fence key is given
+//! no expiry unless [`RedisConfigBuilder::fence_retention`] asks for one —
+//! across release and expiry too. When Redis restarts
 //! *without persistence* (or the key is flushed or evicted), the stored
 //! fence is lost, but the next fence is the server's clock in microseconds,
 //! which is greater than every earlier fence as long as:
@@ -59,13 +60,22 @@
 //! is covered by the same clock rule (the replica's clock must not be
 //! behind the old primary's by more than the time since that write). Lua
 //! numbers are doubles: fences are exact up to 2^53 µs (the year 2255).
-//! Fence keys stay in Redis (about 80 bytes per distinct lock key) so the
-//! counter survives; delete them by hand for keys never used again.
+//! By default fence keys stay in Redis (about 80 bytes per distinct lock
+//! key) so the counter survives; with a fence retention they expire that
+//! long after their last hold, and fences then rest on the clock rule above.
 //!
 //! # Limits
 //!
-//! Redis replication is asynchronous: a failover can lose a hold just
-//! written (the usual caveat of single-instance Redis locks; no Redlock).
+//! - Redis replication is asynchronous: a failover can lose a hold just
+//!   written (the usual caveat of single-instance Redis locks; no Redlock).
+//! - Cluster mode: `list` uses `KEYS` on every primary (SCAN cursors cannot
+//!   span nodes), so keep it for debugging; the pub/sub connection goes to
+//!   one node (Cluster broadcasts `PUBLISH`), moving to the next seed when it
+//!   fails.
+//! - ACL users need `EVAL`, `EVALSHA`, `GET`, `SET`, `DEL`, `PEXPIRE`,
+//!   `PTTL`, `TIME`, `PUBLISH`, `PSUBSCRIBE`, `SCAN` (cluster: `KEYS`), the
+//!   key pattern `<prefix>*` and the channel pattern `<prefix>{*` *exactly*
+//!   (Redis checks `PSUBSCRIBE` patterns literally).
 
 mod backend;
 mod config;
