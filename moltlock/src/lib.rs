@@ -1,0 +1,200 @@
+//! MoltLock: distributed locks over the stores teams already run.
+//!
+//! This crate re-exports the core API ([`LockManager`], [`LockGuard`],
+//! [`Backend`], …) and chooses a backend by cargo feature or by URL:
+//!
+//! | feature | URL schemes | backend |
+//! |---|---|---|
+//! | `sqlite` (default) | `sqlite://path/to/file.db` | [`sqlite::SqliteBackend`] |
+//! | `postgres` | `postgres://`, `postgresql://` | [`postgres::PostgresBackend`] |
+//! | `mysql` | `mysql://`, `mariadb://` | [`mysql::MySqlBackend`] |
+//! | `redis` | `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://` | [`redis::RedisBackend`] |
+//! | `etcd` | `etcd://`, `etcds://` | [`etcd::EtcdBackend`] |
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), moltlock::Error> {
+//! let url = std::env::var("MOLTLOCK_URL").unwrap_or_else(|_| "sqlite://locks.db".into());
+//! let manager = moltlock::manager(&url).await?;
+//! let guard = manager.lock("jobs/nightly").await?;
+//! // ... work, passing guard.fence() with every write ...
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! A URL whose backend was not compiled in gives an [`Error::Config`] that
+//! names the missing feature.
+
+use std::sync::Arc;
+
+pub use moltlock_core::*;
+
+#[cfg(feature = "etcd")]
+pub use moltlock_etcd as etcd;
+#[cfg(feature = "redis")]
+pub use moltlock_redis as redis;
+#[cfg(feature = "mysql")]
+pub use moltlock_sql::mysql;
+#[cfg(feature = "postgres")]
+pub use moltlock_sql::postgres;
+#[cfg(feature = "sqlite")]
+pub use moltlock_sql::sqlite;
+
+/// The stores a URL can name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Store {
+    /// etcd v3.
+    Etcd,
+    /// Redis or Redis Cluster.
+    Redis,
+    /// Postgres.
+    Postgres,
+    /// SQLite.
+    Sqlite,
+    /// MySQL or MariaDB.
+    Mysql,
+}
+
+impl Store {
+    /// The store a URL names, by its scheme.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a URL without a known scheme.
+    pub fn of(url: &str) -> Result<Self, Error> {
+        let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or_default();
+        match scheme.to_ascii_lowercase().as_str() {
+            "etcd" | "etcds" => Ok(Self::Etcd),
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Ok(Self::Redis),
+            "postgres" | "postgresql" => Ok(Self::Postgres),
+            "sqlite" => Ok(Self::Sqlite),
+            "mysql" | "mariadb" => Ok(Self::Mysql),
+            _ => Err(Error::Config(format!(
+                "unknown lock store URL {:?}: use etcd://, etcds://, redis://, rediss://, \
+                 redis+cluster://, postgres://, sqlite:// or mysql://",
+                moltlock_sql_free_redact(url)
+            ))),
+        }
+    }
+
+    /// The cargo feature that compiles this store's backend in.
+    pub fn feature(self) -> &'static str {
+        match self {
+            Self::Etcd => "etcd",
+            Self::Redis => "redis",
+            Self::Postgres => "postgres",
+            Self::Sqlite => "sqlite",
+            Self::Mysql => "mysql",
+        }
+    }
+
+    /// Whether this build has the store's backend.
+    pub fn compiled_in(self) -> bool {
+        match self {
+            Self::Etcd => cfg!(feature = "etcd"),
+            Self::Redis => cfg!(feature = "redis"),
+            Self::Postgres => cfg!(feature = "postgres"),
+            Self::Sqlite => cfg!(feature = "sqlite"),
+            Self::Mysql => cfg!(feature = "mysql"),
+        }
+    }
+
+    /// The error for a store whose backend this build lacks.
+    pub fn missing(self) -> Error {
+        Error::Config(format!(
+            "this build of moltlock has no {self:?} backend: enable the cargo feature `{}`",
+            self.feature()
+        ))
+    }
+}
+
+/// The URL with any password replaced, for messages.
+fn moltlock_sql_free_redact(url: &str) -> String {
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, _)), Some(at)) => format!("{scheme}://***{}", &url[at..]),
+        _ => url.to_owned(),
+    }
+}
+
+/// Connects to the store a URL names and returns its backend.
+///
+/// # Errors
+/// [`Error::Config`] for an unknown scheme or a backend this build lacks
+/// (naming the feature to enable), and the backend's own connection errors.
+pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, Error> {
+    let store = Store::of(url)?;
+    if !store.compiled_in() {
+        return Err(store.missing());
+    }
+    open(store, url).await
+}
+
+/// A [`LockManager`] with default settings over the store a URL names.
+///
+/// # Errors
+/// As [`connect`].
+pub async fn manager(url: &str) -> Result<LockManager, Error> {
+    Ok(LockManager::from_arc(connect(url).await?))
+}
+
+#[allow(unused_variables, unreachable_code)]
+async fn open(store: Store, url: &str) -> Result<Arc<dyn Backend>, Error> {
+    match store {
+        #[cfg(feature = "etcd")]
+        Store::Etcd => Ok(Arc::new(etcd::EtcdBackend::from_url(url).await?)),
+        #[cfg(feature = "redis")]
+        Store::Redis => Ok(Arc::new(redis::RedisBackend::from_url(url).await?)),
+        #[cfg(feature = "postgres")]
+        Store::Postgres => Ok(Arc::new(postgres::PostgresBackend::connect(url).await?)),
+        #[cfg(feature = "sqlite")]
+        Store::Sqlite => Ok(Arc::new(sqlite::SqliteBackend::connect(url).await?)),
+        #[cfg(feature = "mysql")]
+        Store::Mysql => Ok(Arc::new(mysql::MySqlBackend::connect(url).await?)),
+        #[allow(unreachable_patterns)]
+        other => Err(other.missing()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scheme_names_its_store() {
+        let cases = [
+            ("etcd://127.0.0.1:2379", Store::Etcd),
+            ("etcds://a:1,b:2/p", Store::Etcd),
+            ("redis://h:6379/0", Store::Redis),
+            ("rediss://u:p@h:6380", Store::Redis),
+            ("redis+cluster://h:7000", Store::Redis),
+            ("postgres://u@h/db", Store::Postgres),
+            ("postgresql://u@h/db", Store::Postgres),
+            ("sqlite://./x.db", Store::Sqlite),
+            ("mysql://root@h/test", Store::Mysql),
+            ("MARIADB://root@h/test", Store::Mysql),
+        ];
+        for (url, store) in cases {
+            assert_eq!(Store::of(url).unwrap(), store, "{url}");
+        }
+    }
+
+    #[test]
+    fn unknown_scheme_is_a_config_error_without_the_password() {
+        let err = Store::of("mongodb://user:hunter2@h/db").unwrap_err();
+        assert!(matches!(err, Error::Config(_)));
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        assert!(Store::of("no scheme at all").is_err());
+    }
+
+    #[test]
+    fn a_missing_backend_names_its_feature() {
+        for store in [
+            Store::Etcd,
+            Store::Redis,
+            Store::Postgres,
+            Store::Sqlite,
+            Store::Mysql,
+        ] {
+            let msg = store.missing().to_string();
+            assert!(msg.contains(&format!("`{}`", store.feature())), "{msg}");
+        }
+    }
+}

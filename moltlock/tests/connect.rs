@@ -1,0 +1,133 @@
+//! `connect` reaches every store this build has, through its URL; a store
+//! whose feature is off gives an error naming that feature.
+
+use moltlock::{connect, Error, Store};
+
+async fn lock_once(url: &str, expect: &str) {
+    let backend = connect(url).await.unwrap_or_else(|e| panic!("{url}: {e}"));
+    assert_eq!(backend.name(), expect);
+    let manager = moltlock::LockManager::from_arc(backend);
+    let key = format!("facade/{}", moltlock::Token::random());
+    let guard = manager.lock(&key).await.unwrap();
+    assert!(manager.try_lock(&key).await.unwrap().is_none());
+    guard.release().await.unwrap();
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
+fn env_url(var: &str) -> String {
+    std::env::var(var)
+        .unwrap_or_else(|_| panic!("set {var} to run this test (scripts/test.sh does)"))
+}
+
+#[tokio::test]
+async fn sqlite_url() {
+    let dir = tempfile::tempdir().unwrap();
+    lock_once(
+        &format!("sqlite://{}", dir.path().join("f.db").display()),
+        "sqlite",
+    )
+    .await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_url() {
+    let url = env_url("MOLTLOCK_POSTGRES_URL");
+    lock_once(&url, "postgres").await;
+    lock_once(&url.replacen("postgres://", "postgresql://", 1), "postgres").await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mysql_url() {
+    lock_once(&env_url("MOLTLOCK_MYSQL_URL"), "mysql").await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_url() {
+    lock_once(&env_url("MOLTLOCK_REDIS_URL"), "redis").await;
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test]
+async fn etcd_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let (port, peer) = (free_port(), free_port());
+    let arg = |p: u16| format!("http://127.0.0.1:{p}");
+    let mut child = std::process::Command::new("etcd")
+        .args(["--data-dir", &dir.path().display().to_string()])
+        .args([
+            "--listen-client-urls",
+            &arg(port),
+            "--advertise-client-urls",
+            &arg(port),
+        ])
+        .args([
+            "--listen-peer-urls",
+            &arg(peer),
+            "--initial-advertise-peer-urls",
+            &arg(peer),
+        ])
+        .args(["--initial-cluster", &format!("default={}", arg(peer))])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("etcd must be installed (scripts/install-deps.sh installs it)");
+    wait_port(port);
+    lock_once(&format!("etcd://127.0.0.1:{port}"), "etcd").await;
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[cfg(feature = "etcd")]
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+#[cfg(feature = "etcd")]
+fn wait_port(port: u16) {
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("etcd did not listen on {port}");
+}
+
+/// In a build without some backends (e.g. the default, SQLite only), their
+/// URLs fail with an error naming the feature. `scripts/test.sh` runs this
+/// file once more with default features so there are stores to check.
+#[tokio::test]
+async fn stores_not_compiled_in_name_their_feature() {
+    let urls = [
+        "etcd://127.0.0.1:1",
+        "redis://127.0.0.1:1/",
+        "postgres://x@127.0.0.1:1/db",
+        "mysql://x@127.0.0.1:1/db",
+        "sqlite://x.db",
+    ];
+    let mut checked = 0;
+    for url in urls {
+        let store = Store::of(url).unwrap();
+        if store.compiled_in() {
+            continue;
+        }
+        let err = connect(url)
+            .await
+            .err()
+            .expect("a missing backend connected");
+        assert!(matches!(err, Error::Config(_)), "{err:?}");
+        assert!(err.to_string().contains(store.feature()), "{err}");
+        checked += 1;
+    }
+    let all = cfg!(all(
+        feature = "etcd",
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql"
+    ));
+    assert!(all || checked > 0, "no missing store was checked");
+}
