@@ -1,0 +1,2 @@
+//! Benchmark harness (work in progress).
+fn main() {}
