@@ -76,6 +76,9 @@ pub struct Capabilities {
     pub min_ttl: Duration,
     /// The longest key, in bytes, the store can hold.
     pub max_key_len: usize,
+    /// [`Backend::raise_fence`] works: the store's next fence for a key can
+    /// be pushed above a given floor (needed to migrate between stores).
+    pub raise_fence: bool,
 }
 
 impl Default for Capabilities {
@@ -94,7 +97,14 @@ impl Capabilities {
             fair_queue: false,
             min_ttl: crate::MIN_TTL,
             max_key_len: crate::MAX_KEY_LEN,
+            raise_fence: false,
         }
+    }
+
+    /// Declares [`Backend::raise_fence`].
+    pub const fn with_raise_fence(mut self) -> Self {
+        self.raise_fence = true;
+        self
     }
 
     /// Declares release notifications.
@@ -230,6 +240,17 @@ pub trait Backend: Send + Sync + 'static {
             out.push(matches!(outcome, CasOutcome::Acquired { .. }));
         }
         Ok(out)
+    }
+
+    /// Makes every later fence of `key` greater than `floor`. Called while
+    /// holding the key, so no acquisition races it. Backends with
+    /// [`Capabilities::raise_fence`] implement it; migrating between two
+    /// stores needs it to keep fences monotonic across the switch.
+    async fn raise_fence(&self, _key: &LockKey, _floor: Fence) -> Result<(), Error> {
+        Err(Error::Unsupported {
+            backend: self.name(),
+            what: "raising fences",
+        })
     }
 
     /// Waits in a first-come, first-served queue for `key`, then holds it as

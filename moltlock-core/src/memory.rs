@@ -112,6 +112,13 @@ impl Backend for MemoryBackend {
             .with_notifications()
             .with_inspect()
             .with_batch_renew()
+            .with_raise_fence()
+    }
+
+    async fn raise_fence(&self, _key: &LockKey, floor: Fence) -> Result<(), Error> {
+        let mut st = self.lock();
+        st.last_fence = st.last_fence.max(floor.0);
+        Ok(())
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {

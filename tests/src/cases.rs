@@ -63,6 +63,7 @@ pub const ALL: &[Case] = &[
     case!(release_wakes_waiter_quickly),
     case!(inspect_reports_holder),
     case!(fair_queue_serves_in_arrival_order),
+    case!(raise_fence_lifts_later_fences),
 ];
 
 fn err(e: Error) -> String {
@@ -932,5 +933,32 @@ pub async fn fair_queue_serves_in_arrival_order(f: Factory) -> CaseResult {
         got == vec![0, 1, 2, 3, 4],
         "served in the order {got:?}, not arrival order"
     );
+    Ok(Outcome::Passed)
+}
+
+/// `raise_fence` makes every later fence of the key exceed the floor.
+pub async fn raise_fence_lifts_later_fences(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    if !b.capabilities().raise_fence {
+        return Ok(Outcome::Skipped(
+            "the backend declares no raise_fence".into(),
+        ));
+    }
+    let m = manager(&b, Duration::from_secs(10))?;
+    let k = key("raise");
+    let g = m.lock(&k).await.map_err(err)?;
+    let floor = Fence(g.fence().get().saturating_add(1_000_000));
+    b.raise_fence(g.key(), floor).await.map_err(err)?;
+    g.release().await.map_err(err)?;
+    let other = manager(&f.open().await?, Duration::from_secs(10))?;
+    for _ in 0..3 {
+        let g = other.lock(&k).await.map_err(err)?;
+        ensure!(
+            g.fence() > floor,
+            "fence {} after raising the floor to {floor}",
+            g.fence()
+        );
+        g.release().await.map_err(err)?;
+    }
     Ok(Outcome::Passed)
 }

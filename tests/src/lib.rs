@@ -184,7 +184,8 @@ macro_rules! conformance_tests {
             tokens_are_random_uuid_v4,
             release_wakes_waiter_quickly,
             inspect_reports_holder,
-            fair_queue_serves_in_arrival_order
+            fair_queue_serves_in_arrival_order,
+            raise_fence_lifts_later_fences
         );
     };
     (@cases $factory:expr; $($name:ident),* $(,)?) => {

@@ -1,0 +1,269 @@
+//! Moving a live fleet from one store to another with no window in which two
+//! nodes both hold a lock.
+//!
+//! A [`MigratingBackend`] sits over an old and a new backend and follows a
+//! [`Phase`]. A fleet rolls through the phases one step at a time — every
+//! node reaches a phase before any node moves to the next:
+//!
+//! | phase | a node acquires | its fence |
+//! |---|---|---|
+//! | [`Phase::Old`] | the old store only | the old store's |
+//! | [`Phase::Both`] | the old store, then the new one; if the new one is held, it releases the old one and tries again later | the larger of the two, after lifting the other store's fences above it |
+//! | [`Phase::New`] | the new store only | the new store's |
+//!
+//! **Why adjacent phases are safe.** `Old` and `Both` nodes all take the old
+//! store's lock, and `Both` and `New` nodes all take the new store's, so two
+//! nodes in adjacent phases always contend on a common store. Every `Both`
+//! node takes the two locks in the same order (old first) and gives up the
+//! first when the second is busy, so no two nodes wait for each other.
+//!
+//! **Why nodes two phases apart are not.** An `Old` node and a `New` node
+//! share no store: both can hold the "same" lock at once. Never let a fleet
+//! hold `Old` and `New` nodes at the same time; the tests show them
+//! overlapping.
+//!
+//! **Fences.** A `Both` node reports `max(old fence, new fence)` and, before
+//! returning, raises the other store's fence floor for the key
+//! ([`Backend::raise_fence`]) above it. So every later fence from either store
+//! exceeds every fence reported before: fences never go backwards for the
+//! resource, whichever phases its writers are in. Both stores must declare
+//! [`Capabilities::raise_fence`].
+//!
+//! Rolling back is the same steps in reverse (`New` → `Both` → `Old`), each
+//! safe for the same reasons.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{
+    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, ReleaseWatch,
+    RenewItem, Token,
+};
+
+/// Where a node stands in a migration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Lock in the old store only (where the fleet starts).
+    Old,
+    /// Lock in both stores, old first.
+    Both,
+    /// Lock in the new store only (where the fleet ends).
+    New,
+}
+
+impl std::str::FromStr for Phase {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s.to_ascii_lowercase().as_str() {
+            "old" => Ok(Self::Old),
+            "both" => Ok(Self::Both),
+            "new" => Ok(Self::New),
+            other => Err(Error::Config(format!(
+                "unknown migration phase {other:?}: use old, both or new"
+            ))),
+        }
+    }
+}
+
+/// A backend over an old and a new store that locks according to a [`Phase`].
+#[derive(Clone)]
+pub struct MigratingBackend {
+    old: Arc<dyn Backend>,
+    new: Arc<dyn Backend>,
+    phase: Phase,
+}
+
+impl std::fmt::Debug for MigratingBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MigratingBackend")
+            .field("old", &self.old.name())
+            .field("new", &self.new.name())
+            .field("phase", &self.phase)
+            .finish()
+    }
+}
+
+impl MigratingBackend {
+    /// Composes `old` and `new` in `phase`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when a store cannot raise its fences (monotonic
+    /// fences across the switch need it).
+    pub fn new(old: Arc<dyn Backend>, new: Arc<dyn Backend>, phase: Phase) -> Result<Self, Error> {
+        for store in [&old, &new] {
+            if !store.capabilities().raise_fence {
+                return Err(Error::Config(format!(
+                    "the {} backend cannot raise its fences, which a migration needs to keep \
+                     fences monotonic",
+                    store.name()
+                )));
+            }
+        }
+        Ok(Self { old, new, phase })
+    }
+
+    /// The phase this node is in.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The old store.
+    pub fn old(&self) -> &Arc<dyn Backend> {
+        &self.old
+    }
+
+    /// The new store.
+    pub fn new_store(&self) -> &Arc<dyn Backend> {
+        &self.new
+    }
+
+    /// The store that decides in a single-store phase.
+    fn single(&self) -> Option<&Arc<dyn Backend>> {
+        match self.phase {
+            Phase::Old => Some(&self.old),
+            Phase::New => Some(&self.new),
+            Phase::Both => None,
+        }
+    }
+
+    async fn acquire_both(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        let old_fence = match self.old.cas(key, None, token, ttl).await? {
+            CasOutcome::Acquired { fence } => fence,
+            held => return Ok(held),
+        };
+        let second = self.new.cas(key, None, token, ttl).await;
+        let new_fence = match second {
+            Ok(CasOutcome::Acquired { fence }) => fence,
+            other => {
+                self.old.delete(key, token).await?;
+                return other;
+            }
+        };
+        let fence = old_fence.max(new_fence);
+        let lower = if old_fence < new_fence {
+            &self.old
+        } else {
+            &self.new
+        };
+        if let Err(e) = lower.raise_fence(key, fence).await {
+            self.delete(key, token).await?;
+            return Err(e);
+        }
+        Ok(CasOutcome::Acquired { fence })
+    }
+}
+
+fn both_held(a: &CasOutcome, b: &CasOutcome) -> bool {
+    matches!(a, CasOutcome::Acquired { .. }) && matches!(b, CasOutcome::Acquired { .. })
+}
+
+#[async_trait]
+impl Backend for MigratingBackend {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        if let Some(store) = self.single() {
+            return store.cas(key, expected, new, ttl).await;
+        }
+        if expected.is_none() {
+            return self.acquire_both(key, new, ttl).await;
+        }
+        let a = self.old.cas(key, expected, new, ttl).await?;
+        let b = self.new.cas(key, expected, new, ttl).await?;
+        match (both_held(&a, &b), a) {
+            (true, CasOutcome::Acquired { fence }) => Ok(CasOutcome::Acquired { fence }),
+            _ => Ok(CasOutcome::Held(Held::default())),
+        }
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        if let Some(store) = self.single() {
+            return store.delete(key, owner).await;
+        }
+        let new = self.new.delete(key, owner).await;
+        let old = self.old.delete(key, owner).await?;
+        Ok(new? || old)
+    }
+
+    fn name(&self) -> &'static str {
+        "migrating"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        if let Some(store) = self.single() {
+            return store.capabilities();
+        }
+        let (a, b) = (self.old.capabilities(), self.new.capabilities());
+        let mut caps = Capabilities::new()
+            .with_min_ttl(a.min_ttl.max(b.min_ttl))
+            .with_max_key_len(a.max_key_len.min(b.max_key_len))
+            .with_raise_fence();
+        if a.notifies_release {
+            caps = caps.with_notifications();
+        }
+        if a.inspect {
+            caps = caps.with_inspect();
+        }
+        if a.batch_renew && b.batch_renew {
+            caps = caps.with_batch_renew();
+        }
+        caps
+    }
+
+    fn earliest_expiry(
+        &self,
+        ttl: Duration,
+        sent_at: tokio::time::Instant,
+    ) -> tokio::time::Instant {
+        match self.single() {
+            Some(store) => store.earliest_expiry(ttl, sent_at),
+            None => self
+                .old
+                .earliest_expiry(ttl, sent_at)
+                .min(self.new.earliest_expiry(ttl, sent_at)),
+        }
+    }
+
+    /// Waits on the old store in `Both` (the lock every waiter takes first).
+    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
+        self.single().unwrap_or(&self.old).watch(key).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        self.single().unwrap_or(&self.old).inspect(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
+        self.single().unwrap_or(&self.old).list(prefix).await
+    }
+
+    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        if let Some(store) = self.single() {
+            return store.renew_many(items).await;
+        }
+        let a = self.old.renew_many(items).await?;
+        let b = self.new.renew_many(items).await?;
+        Ok(a.iter().zip(&b).map(|(x, y)| *x && *y).collect())
+    }
+
+    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+        match self.single() {
+            Some(store) => store.raise_fence(key, floor).await,
+            None => {
+                self.old.raise_fence(key, floor).await?;
+                self.new.raise_fence(key, floor).await
+            }
+        }
+    }
+}
