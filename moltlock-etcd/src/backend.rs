@@ -47,7 +47,17 @@ pub(crate) struct Shared {
     pub(crate) timeout: Duration,
     pub(crate) min_ttl: Duration,
     pub(crate) wakeups: Arc<AtomicU64>,
+    /// Owner-checked deletes asked for but not confirmed (failed, timed out
+    /// or dropped mid-request). Their keys hang on this session's lease,
+    /// which further use of the session keeps alive, so every acquisition
+    /// and renewal round first retries them.
+    /// The flag is set while a request for the delete is in flight.
+    pub(crate) pending: std::sync::Mutex<HashMap<(LockKey, Token), bool>>,
 }
+
+/// The most unconfirmed deletes remembered; past it, holds live until the
+/// session ends.
+const MAX_PENDING: usize = 4096;
 
 impl fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -94,6 +104,7 @@ impl EtcdBackend {
                 timeout: config.request_timeout,
                 min_ttl: config.session_ttl,
                 wakeups: Arc::new(AtomicU64::new(0)),
+                pending: std::sync::Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -199,6 +210,7 @@ impl Shared {
         token: &Token,
         ttl: Duration,
     ) -> Result<CasOutcome, Error> {
+        self.flush_pending().await;
         let k = self.full_key(key);
         let mut retried = false;
         loop {
@@ -273,9 +285,35 @@ impl Shared {
         }
     }
 
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<(LockKey, Token), bool>> {
+        match self.pending.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
     /// Owner-checked release: the key goes only if `owner` holds it; the
-    /// owner's fair-queue entry (if any) goes either way.
+    /// owner's fair-queue entry (if any) goes either way. A release that
+    /// fails, or whose future is dropped before etcd answers, stays on the
+    /// pending list and is retried by the session's next use.
     pub(crate) async fn release(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        let item = (key.clone(), owner.clone());
+        {
+            let mut pending = self.pending();
+            if pending.len() < MAX_PENDING {
+                pending.insert(item.clone(), true);
+            }
+        }
+        let mut claim = Claim {
+            shared: self,
+            item: Some(item),
+        };
+        let deleted = self.release_once(key, owner).await?;
+        claim.done();
+        Ok(deleted)
+    }
+
+    async fn release_once(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
         let k = self.full_key(key);
         let entry = self.queue_entry(key, owner);
         let txn = Txn::new()
@@ -283,6 +321,42 @@ impl Shared {
             .and_then([TxnOp::delete(k, None), TxnOp::delete(entry.clone(), None)])
             .or_else([TxnOp::delete(entry, None)]);
         Ok(self.txn(txn).await.map_err(map)?.succeeded())
+    }
+
+    /// Retries the unconfirmed deletes that nobody is sending now; stops at
+    /// the first failure (the store is likely unreachable, and the caller's
+    /// own request will say so).
+    pub(crate) async fn flush_pending(&self) {
+        let items: Vec<(LockKey, Token)> = {
+            let mut pending = self.pending();
+            let idle: Vec<_> = pending
+                .iter()
+                .filter(|(_, busy)| !**busy)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for item in &idle {
+                pending.insert(item.clone(), true);
+            }
+            idle
+        };
+        let mut items = items.into_iter();
+        for (key, token) in items.by_ref() {
+            let mut claim = Claim {
+                shared: self,
+                item: Some((key.clone(), token.clone())),
+            };
+            match self.release_once(&key, &token).await {
+                Ok(_) => claim.done(),
+                Err(e) => {
+                    tracing::debug!(%key, error = %e, "a pending release failed again");
+                    break;
+                }
+            }
+        }
+        let mut pending = self.pending();
+        for item in items {
+            pending.insert(item, false);
+        }
     }
 
     /// Whether each `(key, token)` still holds, in Txns of at most
@@ -345,6 +419,32 @@ impl Shared {
             fence: u64::try_from(kv.create_revision()).ok().map(Fence),
             expires_in,
         })
+    }
+}
+
+/// Marks a pending delete as in flight; when dropped before
+/// [`done`](Claim::done) (an error, or a dropped future) the delete goes
+/// back to the pending list for the next flush.
+struct Claim<'a> {
+    shared: &'a Shared,
+    item: Option<(LockKey, Token)>,
+}
+
+impl Claim<'_> {
+    fn done(&mut self) {
+        if let Some(item) = self.item.take() {
+            self.shared.pending().remove(&item);
+        }
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if let Some(item) = self.item.take() {
+            if let Some(busy) = self.shared.pending().get_mut(&item) {
+                *busy = false;
+            }
+        }
     }
 }
 
@@ -480,6 +580,7 @@ impl Backend for EtcdBackend {
     /// check each still holds its token. A lease that is gone makes every
     /// hold on it report not held.
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        self.shared.flush_pending().await;
         let session = &self.shared.session;
         let mut groups: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
         for (i, item) in items.iter().enumerate() {

@@ -78,7 +78,10 @@ async fn contend(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_kill_keeps_mutual_exclusion() -> Result<(), Box<dyn std::error::Error>> {
-    let mut cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(3)).await??;
+    // Started on the test's own thread: the fixture ties each server's life
+    // to the thread that started it (parent-death signal), and blocking-pool
+    // threads exit when idle.
+    let mut cluster = EtcdCluster::start(3)?;
     let endpoints = cluster.endpoints();
     let (d, r, tally) = (
         OverlapDetector::new(),
@@ -87,6 +90,7 @@ async fn leader_kill_keeps_mutual_exclusion() -> Result<(), Box<dyn std::error::
     );
     let started = Instant::now();
     let mut tasks = Vec::new();
+
     for _ in 0..TASKS {
         let m = manager(endpoints.clone()).await?;
         tasks.push(tokio::spawn(contend(
