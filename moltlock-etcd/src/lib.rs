@@ -32,7 +32,11 @@
 //!   Leases are shared by attempts, so a failed attempt never leaks one.
 //!   Note: any keep-alive of a lease extends every key on it, so within one
 //!   instance a hold written by a bare `cas` and never renewed lives as
-//!   long as other holds of the same TTL are renewed.
+//!   long as other holds of the same TTL are renewed. For the same reason a
+//!   release that fails (or is dropped before etcd answers) is remembered
+//!   and retried, owner-checked, before the session's next acquisition or
+//!   renewal round; otherwise the session's own use would keep the
+//!   orphaned key alive.
 //! - **Acquire**: `Txn(if create_revision(key) == 0 then put(key, token,
 //!   lease) else get(key))`. The fence is the key's create revision, which
 //!   grows with every acquisition, across clients and server restarts (etcd
