@@ -15,7 +15,7 @@ use crate::conn::{self, Conn};
 use crate::error::{bad_reply, map, timed_out, NAME};
 use crate::keys::Layout;
 use crate::pubsub::Notifier;
-use crate::scripts::{self, ACQUIRE, INSPECT, RELEASE, SWAP};
+use crate::scripts::{self, ACQUIRE, INSPECT, RAISE, RELEASE, SWAP};
 
 /// The shortest TTL this backend accepts.
 pub const MIN_TTL: Duration = Duration::from_millis(10);
@@ -25,6 +25,7 @@ const CAPABILITIES: Capabilities = Capabilities::new()
     .with_notifications()
     .with_inspect()
     .with_batch_renew()
+    .with_raise_fence()
     .with_min_ttl(MIN_TTL)
     .with_max_key_len(moltlock_core::MAX_KEY_LEN);
 
@@ -296,6 +297,15 @@ impl Backend for RedisBackend {
         let within = self.inner.cfg.connect_timeout();
         let w = self.notifier().await.watch(channel, within).await?;
         Ok(Some(Box::new(w)))
+    }
+
+    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+        key.check_len(CAPABILITIES.max_key_len)?;
+        let fence = self.inner.layout.fence(key);
+        let _: i64 = self
+            .script(&RAISE, &[&fence], &[&floor.get().to_string()])
+            .await?;
+        Ok(())
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {

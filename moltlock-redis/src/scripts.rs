@@ -89,6 +89,22 @@ return 0
     )
 });
 
+/// `KEYS`: fence. `ARGV`: floor. Lifts the stored fence to `floor` when it
+/// is lower, keeping any expiry it has; later fences exceed it. Reply: 1.
+pub(crate) static RAISE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local floor = tonumber(ARGV[1])
+local cur = tonumber(redis.call('GET', KEYS[1])) or 0
+if floor > cur then
+  redis.call('SET', KEYS[1], string.format('%.0f', floor), 'KEEPTTL')
+end
+return 1
+"
+        .to_owned(),
+    )
+});
+
 /// `KEYS`: lock, fence. Reply: `{holder, fence, pttl}` (nils when free).
 pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(

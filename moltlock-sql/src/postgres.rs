@@ -13,6 +13,8 @@
 //!
 //! ```sql
 //! CREATE SEQUENCE IF NOT EXISTS "moltlock_locks_fence";
+//! -- per-key fence offsets, raised only while migrating between stores
+//! CREATE TABLE IF NOT EXISTS "moltlock_locks_offset" (key text PRIMARY KEY, off bigint NOT NULL);
 //! CREATE TABLE IF NOT EXISTS "moltlock_locks" (
 //!     key         text        PRIMARY KEY,
 //!     owner       text        NOT NULL,
@@ -26,7 +28,8 @@
 //!
 //! - Expiry compares `expires_at` with the server's `now()`; client clocks
 //!   never enter into it.
-//! - Fences come from the sequence: durable and strictly increasing across
+//! - Fences come from the sequence (plus a per-key offset that only
+//!   [`Backend::raise_fence`] sets, when migrating from another store): durable and strictly increasing across
 //!   releases, expiry, client restarts and server restarts (after a crash a
 //!   sequence may skip values, never repeat them). Released rows are deleted;
 //!   the fence history lives in the sequence.
@@ -67,6 +70,7 @@ struct Statements {
     transfer: String,
     delete: String,
     renew_many: String,
+    raise: String,
     inspect: String,
     list: String,
     ddl: Vec<String>,
@@ -82,6 +86,9 @@ impl Statements {
         };
         let t = q(table);
         let seq = q(&format!("{table}_fence"));
+        let offsets = q(&format!("{table}_offset"));
+        let next =
+            format!("nextval('{seq}') + COALESCE((SELECT off FROM {offsets} WHERE key = $1), 0)");
         let ms = "$3::bigint * interval '1 millisecond'";
         let left = "(extract(epoch FROM expires_at - now()) * 1000)::bigint";
         let mut ddl = Vec::new();
@@ -90,6 +97,9 @@ impl Statements {
         }
         ddl.push(format!("CREATE SEQUENCE IF NOT EXISTS {seq}"));
         ddl.push(format!(
+            "CREATE TABLE IF NOT EXISTS {offsets} (key text PRIMARY KEY, off bigint NOT NULL)"
+        ));
+        ddl.push(format!(
             "CREATE {}TABLE IF NOT EXISTS {t} (\n    key text PRIMARY KEY,\n    owner text NOT NULL,\n    \
              fence bigint NOT NULL,\n    expires_at timestamptz NOT NULL,\n    acquired_at timestamptz NOT NULL\n)",
             if cfg.unlogged { "UNLOGGED " } else { "" }
@@ -97,7 +107,7 @@ impl Statements {
         Ok(Self {
             acquire: format!(
                 "WITH ins AS (INSERT INTO {t} AS l (key, owner, fence, expires_at, acquired_at) \
-                 VALUES ($1, $2, nextval('{seq}'), now() + {ms}, now()) \
+                 VALUES ($1, $2, {next}, now() + {ms}, now()) \
                  ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, fence = EXCLUDED.fence, \
                  expires_at = EXCLUDED.expires_at, acquired_at = EXCLUDED.acquired_at \
                  WHERE l.expires_at <= now() RETURNING fence) \
@@ -110,7 +120,7 @@ impl Statements {
                  WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence"
             ),
             transfer: format!(
-                "UPDATE {t} SET owner = $4, fence = nextval('{seq}'), acquired_at = now(), \
+                "UPDATE {t} SET owner = $4, fence = {next}, acquired_at = now(), \
                  expires_at = now() + {ms} \
                  WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence"
             ),
@@ -123,6 +133,10 @@ impl Statements {
                  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS x(key, owner, ms) \
                  WHERE l.key = x.key AND l.owner = x.owner AND l.expires_at > now() \
                  RETURNING l.key, l.owner"
+            ),
+            raise: format!(
+                "INSERT INTO {offsets} AS o (key, off) SELECT $1, $2 - last_value FROM {seq} \
+                 ON CONFLICT (key) DO UPDATE SET off = GREATEST(o.off, EXCLUDED.off)"
             ),
             inspect: format!(
                 "SELECT key, owner, fence, {left} FROM {t} WHERE key = $1 AND expires_at > now()"
@@ -380,6 +394,7 @@ impl Backend for PostgresBackend {
             .with_notifications()
             .with_inspect()
             .with_batch_renew()
+            .with_raise_fence()
             .with_min_ttl(Duration::from_millis(10))
     }
 
@@ -389,6 +404,20 @@ impl Backend for PostgresBackend {
             .get_or_try_init(|| self.start_listener())
             .await?;
         Ok(Some(self.inner.events.subscribe(key.as_str())))
+    }
+
+    /// Lifts the key's offset so that `nextval + offset` exceeds `floor`: the
+    /// sequence only grows, so every later fence of the key does too.
+    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+        let floor = i64::try_from(floor.get())
+            .map_err(|_| Error::Config(format!("fence floor {floor} exceeds bigint")))?;
+        sqlx::query(&self.inner.sql.raise)
+            .bind(key.as_str())
+            .bind(floor)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(())
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {

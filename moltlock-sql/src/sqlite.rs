@@ -46,6 +46,7 @@ struct Statements {
     renew: String,
     transfer: String,
     delete: String,
+    raise: String,
     inspect: String,
     list: String,
     ddl: Vec<String>,
@@ -77,6 +78,7 @@ impl Statements {
                  WHERE key = ?1 AND owner = ?2 AND expires_at > {NOW} RETURNING fence"
             ),
             delete: format!("DELETE FROM {t} WHERE key = ?1 AND owner = ?2 AND expires_at > {NOW}"),
+            raise: format!("UPDATE {seq} SET value = max(value, ?1) WHERE id = 1"),
             inspect: format!(
                 "SELECT key, owner, fence, expires_at - {NOW} FROM {t} \
                  WHERE key = ?1 AND expires_at > {NOW}"
@@ -305,6 +307,15 @@ impl SqliteBackend {
         Ok(done.rows_affected() > 0)
     }
 
+    async fn raise_tx(self, floor: i64) -> Result<(), sqlx::Error> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query(&self.sql.raise)
+            .bind(floor)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await
+    }
+
     async fn renew_tx(self, items: Vec<RenewItem>) -> Result<Vec<bool>, sqlx::Error> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let mut out = Vec::with_capacity(items.len());
@@ -346,7 +357,10 @@ impl Backend for SqliteBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new().with_inspect().with_batch_renew()
+        Capabilities::new()
+            .with_inspect()
+            .with_batch_renew()
+            .with_raise_fence()
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
@@ -368,6 +382,13 @@ impl Backend for SqliteBackend {
             .map(info)
             .collect::<Result<_, _>>()
             .map_err(|e| map(NAME, e))
+    }
+
+    /// Lifts the one counter all keys draw fences from.
+    async fn raise_fence(&self, _key: &LockKey, floor: Fence) -> Result<(), Error> {
+        let floor = i64::try_from(floor.get())
+            .map_err(|_| Error::Config(format!("fence floor {floor} exceeds SQLite's integers")))?;
+        self.detached(move |b| b.raise_tx(floor)).await
     }
 
     /// All renewals in one `BEGIN IMMEDIATE` transaction (one fsync).
