@@ -27,6 +27,8 @@ const TXN_CHUNK: usize = 100;
 /// Marks queue entries: `<prefix><key>` + this + `<token>`. Lock keys never
 /// contain control characters, so no lock key can collide with a queue entry.
 pub(crate) const QUEUE_MARK: &str = "\u{0}queue/";
+/// Marks the key holding a lock's fence offset (see [`Shared::offset_key`]).
+pub(crate) const OFFSET_MARK: &str = "\u{0}fence";
 
 /// A MoltLock backend on etcd v3.
 ///
@@ -178,6 +180,13 @@ impl Shared {
         format!("{}{}", self.prefix, key.as_str()).into_bytes()
     }
 
+    /// Where [`Backend::raise_fence`] keeps the key's fence offset (no
+    /// lease: it outlives every hold). A lock key has no control characters,
+    /// so no lock key can name it.
+    pub(crate) fn offset_key(&self, key: &LockKey) -> Vec<u8> {
+        format!("{}{}{OFFSET_MARK}", self.prefix, key.as_str()).into_bytes()
+    }
+
     pub(crate) fn queue_prefix(&self, key: &LockKey) -> Vec<u8> {
         format!("{}{}{QUEUE_MARK}", self.prefix, key.as_str()).into_bytes()
     }
@@ -218,7 +227,10 @@ impl Shared {
             let put = PutOptions::new().with_lease(lease.id);
             let txn = Txn::new()
                 .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(k.clone(), token.as_str(), Some(put))])
+                .and_then([
+                    TxnOp::put(k.clone(), token.as_str(), Some(put)),
+                    TxnOp::get(self.offset_key(key), None),
+                ])
                 .or_else([TxnOp::get(k.clone(), None)]);
             match self.txn(txn).await {
                 Err(e) if is_lease_not_found(&e) && !retried => {
@@ -227,9 +239,10 @@ impl Shared {
                 }
                 Err(e) => return Err(map(e)),
                 Ok(resp) if resp.succeeded() => {
+                    let offset = offset_in(&resp, 1);
                     return Ok(CasOutcome::Acquired {
-                        fence: fence(header_revision(&resp)?)?,
-                    })
+                        fence: fence(header_revision(&resp)?.saturating_add(offset))?,
+                    });
                 }
                 Ok(resp) => return Ok(CasOutcome::Held(held(&resp))),
             }
@@ -274,12 +287,13 @@ impl Shared {
             .and_then([
                 TxnOp::put(k.clone(), new.as_str(), Some(put)),
                 TxnOp::get(k.clone(), None),
+                TxnOp::get(self.offset_key(key), None),
             ])
             .or_else([TxnOp::get(k, None)]);
         let resp = self.txn(txn).await.map_err(map)?;
         match first_kv(&resp) {
             Some(kv) if resp.succeeded() => Ok(CasOutcome::Acquired {
-                fence: fence(kv.create_revision())?,
+                fence: fence(kv.create_revision().saturating_add(offset_in(&resp, 2)))?,
             }),
             _ => Ok(CasOutcome::Held(held(&resp))),
         }
@@ -381,6 +395,15 @@ impl Shared {
         Ok(out)
     }
 
+    /// The current revision and the key's fence offset.
+    pub(crate) async fn read_offset(&self, key: &LockKey) -> Result<(i64, i64), Error> {
+        let mut client = self.client.clone();
+        let resp = call("get", self.timeout, client.get(self.offset_key(key), None)).await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let offset = resp.kvs().first().map_or(0, |kv| parse_offset(kv.value()));
+        Ok((revision, offset))
+    }
+
     async fn lease_left(&self, lease: i64) -> Result<Option<Duration>, Error> {
         if lease == 0 {
             return Ok(None);
@@ -462,6 +485,21 @@ fn fence(revision: i64) -> Result<Fence, Error> {
         .ok_or_else(|| Error::store(NAME, format!("etcd reported revision {revision}"), true))
 }
 
+/// The fence offset read by the Txn's `index`-th operation (0 if none).
+fn offset_in(resp: &TxnResponse, index: usize) -> i64 {
+    match resp.op_responses().get(index) {
+        Some(TxnOpResponse::Get(g)) => g.kvs().first().map_or(0, |kv| parse_offset(kv.value())),
+        _ => 0,
+    }
+}
+
+fn parse_offset(value: &[u8]) -> i64 {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
 /// The first key-value of the first Get answer of a Txn.
 fn first_kv(resp: &TxnResponse) -> Option<KeyValue> {
     resp.op_responses().into_iter().find_map(|op| match op {
@@ -516,6 +554,7 @@ impl Backend for EtcdBackend {
             .with_inspect()
             .with_batch_renew()
             .with_fair_queue()
+            .with_raise_fence()
             .with_min_ttl(self.shared.min_ttl)
     }
 
@@ -545,10 +584,14 @@ impl Backend for EtcdBackend {
         let Some(kv) = resp.kvs().first() else {
             return Ok(None);
         };
-        let info = self
+        let mut info = self
             .shared
             .holder_info(key.as_str().to_owned(), kv, &mut HashMap::new())
             .await?;
+        let (_, offset) = self.shared.read_offset(key).await?;
+        info.fence = info
+            .fence
+            .map(|f| Fence(f.get().saturating_add(offset.unsigned_abs())));
         Ok(Some(info))
     }
 
@@ -564,7 +607,7 @@ impl Backend for EtcdBackend {
             let Some(key) = name.strip_prefix(&self.shared.prefix) else {
                 continue;
             };
-            if key.contains(QUEUE_MARK) {
+            if key.contains(QUEUE_MARK) || key.contains(OFFSET_MARK) {
                 continue;
             }
             out.push(
@@ -602,6 +645,23 @@ impl Backend for EtcdBackend {
             }
         }
         Ok(out)
+    }
+
+    /// Lifts the key's fence offset so that `create revision + offset`
+    /// exceeds `floor` for every later hold: revisions only grow and the
+    /// offset never shrinks.
+    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+        let (revision, offset) = self.shared.read_offset(key).await?;
+        let floor = i64::try_from(floor.get())
+            .map_err(|_| Error::Config(format!("fence floor {floor} exceeds etcd's revisions")))?;
+        let needed = floor.saturating_sub(revision);
+        if needed <= offset {
+            return Ok(());
+        }
+        let mut client = self.shared.client.clone();
+        let put = client.put(self.shared.offset_key(key), needed.to_string(), None);
+        call("put", self.shared.timeout, put).await?;
+        Ok(())
     }
 
     async fn fair_acquire(
