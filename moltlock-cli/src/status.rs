@@ -38,24 +38,61 @@ impl From<&HolderInfo> for Row {
     }
 }
 
-/// Prints the current holders under the prefix.
+/// Prints the current holders under the prefix; for a migration URL, those
+/// of both stores.
 pub async fn status(url: &str, args: StatusArgs) -> Result<u8, Error> {
-    let backend = moltlock::connect(url).await?;
-    let holds = backend.list(&args.prefix).await?;
-    let rows: Vec<Row> = holds.iter().map(Row::from).collect();
+    let on = colour(std::io::IsTerminal::is_terminal(&std::io::stdout()));
+    let Some((phase, old, new)) = moltlock::parse_migration(url)? else {
+        let rows = holders(url, &args.prefix).await?;
+        if args.json {
+            println!("{}", json(&rows)?);
+        } else {
+            print!("{}", table(&rows, on));
+        }
+        return Ok(EXIT_OK);
+    };
+    let (old_rows, new_rows) = (
+        holders(&old, &args.prefix).await?,
+        holders(&new, &args.prefix).await?,
+    );
     if args.json {
-        let text = serde_json::to_string_pretty(&rows).map_err(|e| Error::Config(e.to_string()))?;
-        println!("{text}");
+        let doc = serde_json::json!({
+            "phase": format!("{phase:?}").to_lowercase(),
+            "old": old_rows,
+            "new": new_rows,
+        });
+        println!("{}", json(&doc)?);
         return Ok(EXIT_OK);
     }
-    print!(
+    println!("migration phase: {phase:?}");
+    println!(
         "{}",
-        table(
-            &rows,
-            colour(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        paint(
+            &format!("old store ({}):", moltlock::redact_url(&old)),
+            "1",
+            on
         )
     );
+    print!("{}", table(&old_rows, on));
+    println!(
+        "{}",
+        paint(
+            &format!("new store ({}):", moltlock::redact_url(&new)),
+            "1",
+            on
+        )
+    );
+    print!("{}", table(&new_rows, on));
     Ok(EXIT_OK)
+}
+
+async fn holders(url: &str, prefix: &str) -> Result<Vec<Row>, Error> {
+    let backend = moltlock::connect(url).await?;
+    Ok(backend.list(prefix).await?.iter().map(Row::from).collect())
+}
+
+fn json(value: &impl Serialize) -> Result<String, Error> {
+    serde_json::to_string_pretty(value).map_err(|e| Error::Config(e.to_string()))
 }
 
 fn table(rows: &[Row], on: bool) -> String {

@@ -23,6 +23,11 @@
 //!
 //! A URL whose backend was not compiled in gives an [`Error::Config`] that
 //! names the missing feature.
+//!
+//! **Migrating between stores**: `migrate+<phase>:<old url>|<new url>`, with
+//! phase `old`, `both` or `new`, gives a [`MigratingBackend`] — for example
+//! `migrate+both:redis://10.0.0.5:6379/|etcd://10.0.0.7:2379`. See
+//! `docs/MIGRATION.md` for the runbook.
 
 use std::sync::Arc;
 
@@ -52,6 +57,8 @@ pub enum Store {
     Sqlite,
     /// MySQL or MariaDB.
     Mysql,
+    /// A migration between two stores (`migrate+<phase>:<old>|<new>`).
+    Migrate,
 }
 
 impl Store {
@@ -61,6 +68,9 @@ impl Store {
     /// [`Error::Config`] for a URL without a known scheme.
     pub fn of(url: &str) -> Result<Self, Error> {
         let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or_default();
+        if scheme.to_ascii_lowercase().starts_with("migrate+") {
+            return Ok(Self::Migrate);
+        }
         match scheme.to_ascii_lowercase().as_str() {
             "etcd" | "etcds" => Ok(Self::Etcd),
             "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Ok(Self::Redis),
@@ -83,6 +93,7 @@ impl Store {
             Self::Postgres => "postgres",
             Self::Sqlite => "sqlite",
             Self::Mysql => "mysql",
+            Self::Migrate => "the features of both stores",
         }
     }
 
@@ -94,6 +105,7 @@ impl Store {
             Self::Postgres => cfg!(feature = "postgres"),
             Self::Sqlite => cfg!(feature = "sqlite"),
             Self::Mysql => cfg!(feature = "mysql"),
+            Self::Migrate => true,
         }
     }
 
@@ -106,12 +118,53 @@ impl Store {
     }
 }
 
+/// The URL with any user information (and so any password) hidden, for
+/// messages and listings.
+pub fn redact_url(url: &str) -> String {
+    moltlock_sql_free_redact(url)
+}
+
 /// The URL with any password replaced, for messages.
 fn moltlock_sql_free_redact(url: &str) -> String {
     match (url.split_once("://"), url.rfind('@')) {
         (Some((scheme, _)), Some(at)) => format!("{scheme}://***{}", &url[at..]),
         _ => url.to_owned(),
     }
+}
+
+/// A migration URL taken apart: the phase, the old store's URL and the new
+/// store's. `None` for a URL that is not a migration.
+///
+/// # Errors
+/// [`Error::Config`] for a malformed migration URL.
+pub fn parse_migration(url: &str) -> Result<Option<(Phase, String, String)>, Error> {
+    let Some(rest) = strip_prefix_ci(url, "migrate+") else {
+        return Ok(None);
+    };
+    let bad = || {
+        Error::Config(
+            "a migration URL is migrate+<old|both|new>:<old store URL>|<new store URL>".into(),
+        )
+    };
+    let (phase, stores) = rest.split_once(':').ok_or_else(bad)?;
+    let (old, new) = stores.split_once('|').ok_or_else(bad)?;
+    if old.is_empty() || new.is_empty() || new.contains('|') {
+        return Err(bad());
+    }
+    for inner in [old, new] {
+        if Store::of(inner)? == Store::Migrate {
+            return Err(Error::Config(
+                "a migration cannot nest another migration".into(),
+            ));
+        }
+    }
+    Ok(Some((phase.parse()?, old.to_owned(), new.to_owned())))
+}
+
+fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = s.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &s[prefix.len()..])
 }
 
 /// Connects to the store a URL names and returns its backend.
@@ -135,9 +188,18 @@ pub async fn manager(url: &str) -> Result<LockManager, Error> {
     Ok(LockManager::from_arc(connect(url).await?))
 }
 
+async fn open_migration(url: &str) -> Result<Arc<dyn Backend>, Error> {
+    let (phase, old, new) =
+        parse_migration(url)?.ok_or_else(|| Error::Config("not a migration URL".into()))?;
+    let old = Box::pin(connect(&old)).await?;
+    let new = Box::pin(connect(&new)).await?;
+    Ok(Arc::new(MigratingBackend::new(old, new, phase)?))
+}
+
 #[allow(unused_variables, unreachable_code)]
 async fn open(store: Store, url: &str) -> Result<Arc<dyn Backend>, Error> {
     match store {
+        Store::Migrate => open_migration(url).await,
         #[cfg(feature = "etcd")]
         Store::Etcd => Ok(Arc::new(etcd::EtcdBackend::from_url(url).await?)),
         #[cfg(feature = "redis")]
@@ -156,6 +218,27 @@ async fn open(store: Store, url: &str) -> Result<Arc<dyn Backend>, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn migration_urls_parse() {
+        let (phase, old, new) = parse_migration("migrate+both:redis://h:6379/|etcd://e:2379")
+            .unwrap()
+            .unwrap();
+        assert_eq!(phase, Phase::Both);
+        assert_eq!(old, "redis://h:6379/");
+        assert_eq!(new, "etcd://e:2379");
+        assert_eq!(Store::of("MIGRATE+old:a://|b://").unwrap(), Store::Migrate);
+        assert!(parse_migration("redis://h").unwrap().is_none());
+        for bad in [
+            "migrate+both:redis://h",
+            "migrate+sideways:redis://h|etcd://e",
+            "migrate+both:|etcd://e",
+            "migrate+both:redis://h|etcd://e|x://y",
+            "migrate+both:migrate+old:a://|b://|etcd://e",
+        ] {
+            assert!(parse_migration(bad).is_err(), "{bad} parsed");
+        }
+    }
 
     #[test]
     fn every_scheme_names_its_store() {
