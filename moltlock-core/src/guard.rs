@@ -118,7 +118,8 @@ impl LockGuard {
     ///
     /// Cancel safe in effect: if the future is dropped before the store
     /// answers, the hold is still removed from renewal and lives at most
-    /// until its TTL.
+    /// until its TTL (for lease-based stores such as etcd, until the
+    /// backend's own retry of the release, or the end of its session).
     ///
     /// # Errors
     /// [`Error::NotHeld`] when the store no longer had this hold (it expired

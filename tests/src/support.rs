@@ -95,9 +95,29 @@ impl Backend for Partition {
         self.inner.inspect(key).await
     }
 
+    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
+        self.gate().await;
+        self.inner.list(prefix).await
+    }
+
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
         self.gate().await;
         self.inner.renew_many(items).await
+    }
+
+    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+        self.gate().await;
+        self.inner.raise_fence(key, floor).await
+    }
+
+    async fn fair_acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Fence, Error> {
+        self.gate().await;
+        self.inner.fair_acquire(key, token, ttl).await
     }
 }
 
