@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system packages the build and the tests need, when missing:
 # etcd (server binary for test fixtures), protoc (the etcd client's build),
-# redis-server and PostgreSQL binaries (fixtures start their own instances).
+# redis-server and PostgreSQL binaries (fixtures start their own instances),
+# libfaketime (a Postgres whose clock is skewed) and openssl (test certificates).
 set -euo pipefail
 missing=()
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
@@ -9,6 +10,7 @@ command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo=sudo
