@@ -1,2 +1,42 @@
-//! Benchmark harness (work in progress).
-fn main() {}
+//! `moltlock-bench`: see the library docs and `BENCHMARKS.md`.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use moltlock_bench::{run, svg, Args};
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("moltlock-bench: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = rt.block_on(run(&args));
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(j) => println!("{j}"),
+            Err(e) => eprintln!("moltlock-bench: cannot write JSON: {e}"),
+        }
+    } else {
+        print!("{}", report.markdown());
+    }
+    if let Some(path) = &args.svg {
+        if let Err(e) = std::fs::write(path, svg::handoff_chart(&report)) {
+            eprintln!("moltlock-bench: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    let failed = report.backends.iter().any(|b| b.error.is_some())
+        || report.peers.iter().any(|p| p.error.is_some());
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,368 @@
+//! The results of one run, as markdown tables and JSON, and the targets
+//! they are checked against.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::renewal::RenewalResult;
+use crate::stats::{ratio, Summary};
+use crate::workload::{ContendedResult, LoopResult};
+
+/// The settings a run used.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Settings {
+    /// Budget per measurement, in milliseconds.
+    pub duration_ms: u64,
+    /// Tasks of the parallel loop.
+    pub parallel_tasks: usize,
+    /// Tasks competing for one key.
+    pub contenders: usize,
+    /// How long each contender holds the key, in microseconds.
+    pub hold_us: u64,
+    /// Locks held in the renewal section (0: skipped).
+    pub renewal_locks: usize,
+    /// The TTL asked for in the renewal section, in milliseconds.
+    pub renewal_ttl_ms: u64,
+    /// CPU cores of the machine.
+    pub cores: usize,
+}
+
+/// Everything measured on one backend.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct BackendReport {
+    /// The store (its feature name).
+    pub store: String,
+    /// One bare round trip.
+    pub rtt: Summary,
+    /// The floor, one task.
+    pub floor: LoopResult,
+    /// MoltLock, one task.
+    pub uncontended: LoopResult,
+    /// MoltLock ÷ floor, one task.
+    pub uncontended_ratio: f64,
+    /// The floor, many tasks.
+    pub floor_parallel: LoopResult,
+    /// MoltLock, many tasks.
+    pub parallel: LoopResult,
+    /// MoltLock ÷ floor, many tasks.
+    pub parallel_ratio: f64,
+    /// Contention on one key, default mode.
+    pub contended: Option<ContendedResult>,
+    /// Contention on one key, fair mode (backends with a fair queue).
+    pub contended_fair: Option<ContendedResult>,
+    /// Renewal at scale.
+    pub renewal: Option<RenewalResult>,
+    /// The error that stopped this backend's run, if any.
+    pub error: Option<String>,
+}
+
+/// A lock other than MoltLock run with the same workloads.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PeerReport {
+    /// Its name.
+    pub name: String,
+    /// The store it runs on.
+    pub store: String,
+    /// One task on distinct keys.
+    pub uncontended: LoopResult,
+    /// Its ratio to the floor of its store.
+    pub uncontended_ratio: f64,
+    /// Contention on one key.
+    pub contended: Option<ContendedResult>,
+    /// The error that stopped this peer's run, if any.
+    pub error: Option<String>,
+}
+
+/// One checked target.
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    /// What is checked, on which backend.
+    pub what: String,
+    /// The measured value against the goal, in words.
+    pub value: String,
+    /// Whether the target is met.
+    pub met: bool,
+}
+
+/// A whole run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    /// Settings.
+    pub settings: Settings,
+    /// Per backend.
+    pub backends: Vec<BackendReport>,
+    /// Peers.
+    pub peers: Vec<PeerReport>,
+    /// Targets and whether each was met.
+    pub checks: Vec<Check>,
+}
+
+fn ms(us: f64) -> f64 {
+    us / 1e3
+}
+
+impl Report {
+    /// Fills [`Report::checks`] from the measurements.
+    pub fn check(&mut self) {
+        let mut out = Vec::new();
+        for b in self.backends.iter().filter(|b| b.error.is_none()) {
+            check_backend(b, &self.peers, &mut out);
+        }
+        self.checks = out;
+    }
+
+    /// The markdown tables.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let st = &self.settings;
+        let _ = writeln!(
+            s,
+            "## MoltLock benchmark\n\n{} cores; {} ms per measurement; {} parallel tasks; \
+             {} contenders holding {} µs; renewal: {} locks, TTL {} ms.\n",
+            st.cores,
+            st.duration_ms,
+            st.parallel_tasks,
+            st.contenders,
+            st.hold_us,
+            st.renewal_locks,
+            st.renewal_ttl_ms
+        );
+        self.throughput_table(&mut s);
+        self.contended_table(&mut s);
+        self.renewal_table(&mut s);
+        self.checks_table(&mut s);
+        s
+    }
+
+    fn throughput_table(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            "### Floor, uncontended and parallel (cycles/s; ratio = lock ÷ floor)\n\n\
+             | lock | RTT p50 µs | floor 1 task | lock 1 task | p50 µs | p99 µs | ratio | floor {n} tasks | lock {n} tasks | ratio |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            n = self.settings.parallel_tasks
+        );
+        for b in &self.backends {
+            if let Some(e) = &b.error {
+                let _ = writeln!(
+                    s,
+                    "| moltlock {} | error: {} |",
+                    b.store,
+                    e.replace('|', "/")
+                );
+                continue;
+            }
+            let _ = writeln!(
+                s,
+                "| moltlock {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2} |",
+                b.store,
+                b.rtt.p50_us,
+                b.floor.per_sec,
+                b.uncontended.per_sec,
+                b.uncontended.latency.p50_us,
+                b.uncontended.latency.p99_us,
+                b.uncontended_ratio,
+                b.floor_parallel.per_sec,
+                b.parallel.per_sec,
+                b.parallel_ratio
+            );
+        }
+        for p in &self.peers {
+            let floor = self.backend(&p.store).map_or(0.0, |b| b.floor.per_sec);
+            let _ = writeln!(
+                s,
+                "| {} | | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | | | |",
+                p.name,
+                floor,
+                p.uncontended.per_sec,
+                p.uncontended.latency.p50_us,
+                p.uncontended.latency.p99_us,
+                p.uncontended_ratio
+            );
+        }
+        s.push('\n');
+    }
+
+    fn contended_table(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            "### Contended: {} tasks on one key\n\n\
+             | lock | mode | acq/s | releaser won | hand-off p50 µs | hand-off p99 µs | p50 ÷ RTT | longest wait ms | min task share | timeouts | overlaps |\n\
+             |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            self.settings.contenders
+        );
+        for b in &self.backends {
+            let rows = [("default", &b.contended), ("fair", &b.contended_fair)];
+            for (mode, c) in rows {
+                if let Some(c) = c {
+                    let name = format!("moltlock {}", b.store);
+                    contended_row(s, &name, mode, c, b.rtt.p50_us);
+                }
+            }
+        }
+        for p in &self.peers {
+            if let Some(c) = &p.contended {
+                let rtt = self.backend(&p.store).map_or(0.0, |b| b.rtt.p50_us);
+                contended_row(s, &p.name, "default", c, rtt);
+            }
+        }
+        s.push('\n');
+    }
+
+    fn renewal_table(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            "### Renewal at scale (one manager, {} renewal intervals)\n\n\
+             | backend | locks | TTL ms | renew round trips / interval | holds renewed / interval | store ops / interval | client CPU ms / interval | bytes / lock | acquire all s (CPU ms) | lost |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            crate::renewal::INTERVALS
+        );
+        for b in &self.backends {
+            let Some(r) = &b.renewal else { continue };
+            let ops = r
+                .store_ops_per_interval
+                .map_or_else(|| "n/a".to_owned(), |v| format!("{v:.0}"));
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {:.1} | {:.0} | {} | {:.1} | {:.0} | {:.2} ({:.0}) | {} |",
+                b.store,
+                r.locks,
+                r.ttl_ms,
+                r.rounds_per_interval,
+                r.renewed_per_interval,
+                ops,
+                r.cpu_ms_per_interval,
+                r.bytes_per_lock,
+                r.acquire_secs,
+                r.acquire_cpu_ms,
+                r.lost
+            );
+        }
+        s.push('\n');
+    }
+
+    fn checks_table(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            "### Targets\n\n| target | measured | met |\n|---|---|---|"
+        );
+        for c in &self.checks {
+            let met = if c.met { "yes" } else { "**MISSED**" };
+            let _ = writeln!(s, "| {} | {} | {} |", c.what, c.value, met);
+        }
+        s.push('\n');
+    }
+
+    fn backend(&self, store: &str) -> Option<&BackendReport> {
+        self.backends.iter().find(|b| b.store == store)
+    }
+}
+
+fn contended_row(s: &mut String, name: &str, mode: &str, c: &ContendedResult, rtt_us: f64) {
+    let _ = writeln!(
+        s,
+        "| {name} | {mode} | {:.0} | {:.0} % | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} % | {} | {} |",
+        c.per_sec,
+        c.releaser_won * 100.0,
+        c.handoff.p50_us,
+        c.handoff.p99_us,
+        ratio(c.handoff.p50_us, rtt_us),
+        ms(c.max_wait_us),
+        c.min_task_share * 100.0,
+        c.timeouts,
+        c.overlaps
+    );
+}
+
+fn push(out: &mut Vec<Check>, what: String, value: String, met: bool) {
+    out.push(Check { what, value, met });
+}
+
+fn check_backend(b: &BackendReport, peers: &[PeerReport], out: &mut Vec<Check>) {
+    let st = &b.store;
+    push(
+        out,
+        format!("{st}: uncontended ≥ 0.9 × floor"),
+        format!("{:.2} ×", b.uncontended_ratio),
+        b.uncontended_ratio >= 0.9,
+    );
+    push(
+        out,
+        format!("{st}: parallel ≥ 0.8 × floor"),
+        format!("{:.2} ×", b.parallel_ratio),
+        b.parallel_ratio >= 0.8,
+    );
+    let handoff_stores = ["redis", "etcd", "postgres"];
+    for (mode, c) in [("default", &b.contended), ("fair", &b.contended_fair)] {
+        let Some(c) = c else { continue };
+        push(
+            out,
+            format!("{st} {mode}: no overlap"),
+            format!("{} overlaps", c.overlaps),
+            c.overlaps == 0,
+        );
+        push(
+            out,
+            format!("{st} {mode}: no task starves"),
+            format!(
+                "{} timeouts; smallest share {:.1} %; longest wait {:.0} ms",
+                c.timeouts,
+                c.min_task_share * 100.0,
+                ms(c.max_wait_us)
+            ),
+            c.timeouts == 0 && c.min_task_share > 0.0,
+        );
+        if mode == "fair" {
+            push(
+                out,
+                format!("{st} fair: the releaser never jumps the queue"),
+                format!("releaser won {:.1} %", c.releaser_won * 100.0),
+                c.releaser_won == 0.0,
+            );
+        }
+        if !handoff_stores.contains(&st.as_str()) {
+            continue;
+        }
+        let x = ratio(c.handoff.p50_us, b.rtt.p50_us);
+        push(
+            out,
+            format!("{st} {mode}: hand-off p50 ≤ 3 × RTT"),
+            format!(
+                "{:.0} µs = {x:.1} × RTT {:.0} µs",
+                c.handoff.p50_us, b.rtt.p50_us
+            ),
+            x <= 3.0,
+        );
+        let rs = peers
+            .iter()
+            .find(|p| p.name.starts_with("rslock"))
+            .and_then(|p| p.contended.as_ref());
+        if let Some(rs) = rs {
+            let lower = ratio(rs.handoff.p99_us, c.handoff.p99_us);
+            push(
+                out,
+                format!("{st} {mode}: hand-off p99 ≥ 3 × lower than rslock's"),
+                format!(
+                    "{:.0} µs vs rslock {:.0} µs: {lower:.1} × lower",
+                    c.handoff.p99_us, rs.handoff.p99_us
+                ),
+                lower >= 3.0,
+            );
+        }
+    }
+    if let Some(r) = &b.renewal {
+        push(
+            out,
+            format!("{st}: one renewal round trip per interval"),
+            format!("{:.1} per interval", r.rounds_per_interval),
+            r.rounds_per_interval <= 1.0 && r.lost == 0,
+        );
+        push(
+            out,
+            format!("{st}: < 2 KiB client memory per held lock"),
+            format!("{:.0} bytes", r.bytes_per_lock),
+            r.bytes_per_lock < 2048.0,
+        );
+    }
+}

@@ -1,0 +1,302 @@
+//! The command line and the order of a run.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use clap::Parser;
+use moltlock::{Backend, Store};
+
+use crate::floor::Floor;
+use crate::molt::MoltLocker;
+use crate::peers::{EtcdLockRpc, Rslock};
+use crate::report::{BackendReport, PeerReport, Report, Settings};
+use crate::stats::ratio;
+use crate::target::{etcd_prefix, Target};
+use crate::workload::{closed_loop, contended, Bounds, Contention, Cycler, Locker, LockerCycler};
+
+/// Measures every backend against the raw store round trip and against the
+/// locks users would pick instead.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "moltlock-bench", version)]
+pub struct Args {
+    /// A store to measure (repeat for several): sqlite://…, redis://…,
+    /// postgres://…, mysql://…, etcd://host:port.
+    #[arg(long = "url", required = true)]
+    pub urls: Vec<String>,
+    /// Wall-clock budget of each measurement (e.g. 3s, 500ms).
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Most cycles per measurement (a bound besides the duration).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub max_cycles: u64,
+    /// Tasks of the parallel loop.
+    #[arg(long, default_value_t = 32)]
+    pub tasks: usize,
+    /// Tasks competing for one key.
+    #[arg(long, default_value_t = 8)]
+    pub contenders: usize,
+    /// How long each contender holds the key.
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    pub hold: Duration,
+    /// Locks held in the renewal section (0 skips it).
+    #[arg(long, default_value_t = 10_000)]
+    pub locks: usize,
+    /// TTL of the renewal section's holds (renewed every TTL/3; raised to
+    /// the backend's shortest TTL).
+    #[arg(long, default_value = "6s", value_parser = parse_duration)]
+    pub renew_ttl: Duration,
+    /// Also run the peers: rslock on Redis URLs, etcd's Lock RPC on etcd URLs.
+    #[arg(long)]
+    pub peers: bool,
+    /// Print JSON instead of markdown.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the hand-off latency chart (SVG) here.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+}
+
+/// Parses `250ms`, `3s`, `1.5s`, `2m` or a bare number of seconds.
+///
+/// # Errors
+/// A message for anything else.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a duration: {s:?} (try 3s or 500ms)"))?;
+    let secs = match unit {
+        "ms" => n / 1e3,
+        "us" | "µs" => n / 1e6,
+        "s" => n,
+        "m" => n * 60.0,
+        _ => return Err(format!("unknown unit in {s:?}: use us, ms, s or m")),
+    };
+    if !secs.is_finite() || secs < 0.0 || secs > 86_400.0 {
+        return Err(format!("duration out of range: {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// A bare round trip as a "cycle".
+struct Rtt(Floor);
+
+#[async_trait]
+impl Cycler for Rtt {
+    async fn cycle(&self, _key: &str) -> Result<(), String> {
+        self.0.round_trip().await
+    }
+}
+
+fn bounds(a: &Args) -> Bounds {
+    Bounds {
+        duration: a.duration,
+        max_cycles: a.max_cycles,
+    }
+}
+
+fn contention(a: &Args) -> Contention {
+    Contention {
+        duration: a.duration,
+        hold: a.hold,
+        max_acquisitions: a.max_cycles,
+        grace: Duration::from_secs(5) + a.duration,
+    }
+}
+
+fn keys(t: &Target, section: &'static str) -> Arc<dyn Fn(usize, u64) -> String + Send + Sync> {
+    let t = t.clone();
+    Arc::new(move |task, slot| t.key(section, format!("{task}-{slot}")))
+}
+
+/// Runs every measurement the arguments ask for.
+pub async fn run(a: &Args) -> Report {
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let mut report = Report {
+        settings: Settings {
+            duration_ms: a.duration.as_millis() as u64,
+            parallel_tasks: a.tasks,
+            contenders: a.contenders,
+            hold_us: a.hold.as_micros() as u64,
+            renewal_locks: a.locks,
+            renewal_ttl_ms: a.renew_ttl.as_millis() as u64,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        },
+        ..Report::default()
+    };
+    let mut targets = Vec::new();
+    for url in &a.urls {
+        match Target::new(url, &run_id) {
+            Ok(t) => targets.push(t),
+            Err(e) => report.backends.push(BackendReport {
+                store: "unknown".into(),
+                error: Some(e),
+                ..BackendReport::default()
+            }),
+        }
+    }
+    for t in &targets {
+        eprintln!("moltlock-bench: measuring {}", t.label());
+        report.backends.push(run_backend(t, a).await);
+    }
+    if a.peers {
+        for t in &targets {
+            let floor = report
+                .backends
+                .iter()
+                .find(|b| b.store == t.label())
+                .map_or(0.0, |b| b.floor.per_sec);
+            if let Some(p) = run_peer(t, a, floor).await {
+                report.peers.push(p);
+            }
+        }
+    }
+    report.check();
+    report
+}
+
+async fn run_backend(t: &Target, a: &Args) -> BackendReport {
+    let mut r = BackendReport {
+        store: t.label().to_owned(),
+        ..BackendReport::default()
+    };
+    if let Err(e) = measure(t, a, &mut r).await {
+        eprintln!("moltlock-bench: {}: {e}", t.label());
+        r.error = Some(e);
+    }
+    r
+}
+
+async fn measure(t: &Target, a: &Args, r: &mut BackendReport) -> Result<(), String> {
+    let backend = t.backend().await?;
+    let floor = Floor::connect(t).await?;
+    let res = measure_with(t, a, r, backend, &floor).await;
+    let cleaned = floor.cleanup().await;
+    res.and(cleaned)
+}
+
+async fn measure_with(
+    t: &Target,
+    a: &Args,
+    r: &mut BackendReport,
+    backend: Arc<dyn Backend>,
+    floor: &Floor,
+) -> Result<(), String> {
+    let b = bounds(a);
+    let rtt_bounds = Bounds {
+        duration: a.duration / 2,
+        max_cycles: a.max_cycles,
+    };
+    r.rtt = closed_loop(Arc::new(Rtt(floor.clone())), keys(t, "rtt"), 1, rtt_bounds)
+        .await?
+        .latency;
+    let floor_c: Arc<dyn Cycler> = Arc::new(floor.clone());
+    let molt: Arc<dyn Locker> = Arc::new(MoltLocker::new(backend.clone(), false)?);
+    let molt_c: Arc<dyn Cycler> = Arc::new(LockerCycler(molt));
+    r.floor = closed_loop(floor_c.clone(), keys(t, "floor-u"), 1, b).await?;
+    r.uncontended = closed_loop(molt_c.clone(), keys(t, "lock-u"), 1, b).await?;
+    r.uncontended_ratio = ratio(r.uncontended.per_sec, r.floor.per_sec);
+    r.floor_parallel = closed_loop(floor_c, keys(t, "floor-p"), a.tasks, b).await?;
+    r.parallel = closed_loop(molt_c, keys(t, "lock-p"), a.tasks, b).await?;
+    r.parallel_ratio = ratio(r.parallel.per_sec, r.floor_parallel.per_sec);
+    r.contended = Some(contend_molt(t, a, false).await?);
+    if backend.capabilities().fair_queue {
+        r.contended_fair = Some(contend_molt(t, a, true).await?);
+    }
+    if a.locks > 0 {
+        eprintln!(
+            "moltlock-bench: {}: renewal with {} locks",
+            t.label(),
+            a.locks
+        );
+        let res = crate::renewal::renewal(t, floor, a.locks, a.renew_ttl, a.tasks).await?;
+        r.renewal = Some(res);
+    }
+    Ok(())
+}
+
+/// One manager (own connection) per contender, as separate processes would.
+async fn contend_molt(
+    t: &Target,
+    a: &Args,
+    fair: bool,
+) -> Result<crate::workload::ContendedResult, String> {
+    let mut lockers: Vec<Arc<dyn Locker>> = Vec::new();
+    for _ in 0..a.contenders.max(1) {
+        lockers.push(Arc::new(MoltLocker::new(t.backend().await?, fair)?));
+    }
+    let mode = if fair { "fair" } else { "default" };
+    contended(&lockers, &t.key("contended", mode), contention(a)).await
+}
+
+async fn run_peer(t: &Target, a: &Args, floor_per_sec: f64) -> Option<PeerReport> {
+    let name = match t.store {
+        Store::Redis => "rslock (Redlock, 1 Redis)",
+        Store::Etcd => "etcd Lock RPC",
+        _ => return None,
+    };
+    eprintln!("moltlock-bench: measuring {name}");
+    let mut p = PeerReport {
+        name: name.to_owned(),
+        store: t.label().to_owned(),
+        ..PeerReport::default()
+    };
+    if let Err(e) = measure_peer(t, a, &mut p).await {
+        eprintln!("moltlock-bench: {name}: {e}");
+        p.error = Some(e);
+    }
+    p.uncontended_ratio = ratio(p.uncontended.per_sec, floor_per_sec);
+    Some(p)
+}
+
+async fn peer_locker(t: &Target) -> Result<Arc<dyn Locker>, String> {
+    match t.store {
+        Store::Redis => Ok(Arc::new(Rslock::new(&t.plain_url())?)),
+        _ => Ok(Arc::new(
+            EtcdLockRpc::connect(&t.etcd_endpoints(), &etcd_prefix(&t.run)).await?,
+        )),
+    }
+}
+
+async fn measure_peer(t: &Target, a: &Args, p: &mut PeerReport) -> Result<(), String> {
+    let one = peer_locker(t).await?;
+    let cycler: Arc<dyn Cycler> = Arc::new(LockerCycler(one.clone()));
+    let res = closed_loop(cycler, keys(t, "peer-u"), 1, bounds(a)).await;
+    one.close().await;
+    p.uncontended = res?;
+    let mut lockers = Vec::new();
+    for _ in 0..a.contenders.max(1) {
+        lockers.push(peer_locker(t).await?);
+    }
+    let res = contended(&lockers, &t.key("peer-contended", "default"), contention(a)).await;
+    for l in &lockers {
+        l.close().await;
+    }
+    p.contended = Some(res?);
+    if t.store == Store::Etcd {
+        // The Lock RPC's keys live under the run's prefix; remove leftovers.
+        Floor::connect(t).await?.cleanup().await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("3s"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("3 fortnights").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+}

@@ -1,0 +1,289 @@
+//! The workloads: closed loops of lock → release cycles on distinct keys,
+//! and contention on one key with a hand-off log and an overlap detector.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::stats::{micros, Summary};
+
+/// Something that can do one acquire + release of a free key.
+#[async_trait]
+pub trait Cycler: Send + Sync {
+    /// Acquires the free key `key` and releases it.
+    async fn cycle(&self, key: &str) -> Result<(), String>;
+}
+
+/// A lock client that can wait for a key.
+#[async_trait]
+pub trait Locker: Send + Sync {
+    /// Waits at most `wait` for `key`; `None` when the wait ran out.
+    async fn lock(&self, key: &str, wait: Duration) -> Result<Option<Box<dyn Holding>>, String>;
+
+    /// Frees what the client holds in the store (leases, sessions).
+    async fn close(&self) {}
+}
+
+/// A held lock.
+#[async_trait]
+pub trait Holding: Send {
+    /// Releases it.
+    async fn release(self: Box<Self>) -> Result<(), String>;
+}
+
+/// Turns a [`Locker`] into a [`Cycler`].
+pub struct LockerCycler(pub Arc<dyn Locker>);
+
+#[async_trait]
+impl Cycler for LockerCycler {
+    async fn cycle(&self, key: &str) -> Result<(), String> {
+        match self.0.lock(key, Duration::from_secs(10)).await? {
+            Some(h) => h.release().await,
+            None => Err(format!("the free key {key} was not acquired within 10 s")),
+        }
+    }
+}
+
+/// How long a measurement may run.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    /// Wall-clock budget.
+    pub duration: Duration,
+    /// Most cycles in all tasks together.
+    pub max_cycles: u64,
+}
+
+/// The throughput and latency of a closed loop.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct LoopResult {
+    /// Tasks running cycles at once.
+    pub tasks: usize,
+    /// Cycles completed.
+    pub cycles: u64,
+    /// Cycles per second, all tasks together.
+    pub per_sec: f64,
+    /// Latency of one cycle.
+    pub latency: Summary,
+}
+
+/// Keys of the loops: each task rotates over its own small set, so keys are
+/// distinct between tasks and the store does not fill up.
+const KEYS_PER_TASK: u64 = 16;
+
+/// Runs `tasks` tasks doing cycles on distinct keys `key(task, slot)` until
+/// the bounds are reached.
+///
+/// # Errors
+/// The first cycle error.
+pub async fn closed_loop(
+    cycler: Arc<dyn Cycler>,
+    key: Arc<dyn Fn(usize, u64) -> String + Send + Sync>,
+    tasks: usize,
+    bounds: Bounds,
+) -> Result<LoopResult, String> {
+    let tasks = tasks.max(1);
+    let per_task = (bounds.max_cycles / tasks as u64).max(1);
+    let started = Instant::now();
+    let deadline = started + bounds.duration;
+    let mut handles = Vec::with_capacity(tasks);
+    for t in 0..tasks {
+        let (cycler, key) = (cycler.clone(), key.clone());
+        handles.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(per_task.min(100_000) as usize);
+            let mut i = 0u64;
+            while i < per_task && Instant::now() < deadline {
+                let k = key(t, i % KEYS_PER_TASK);
+                let t0 = Instant::now();
+                cycler.cycle(&k).await?;
+                lat.push(t0.elapsed());
+                i += 1;
+            }
+            Ok::<_, String>(lat)
+        }));
+    }
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.await.map_err(|e| e.to_string())??);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let cycles = all.len() as u64;
+    Ok(LoopResult {
+        tasks,
+        cycles,
+        per_sec: if elapsed > 0.0 {
+            cycles as f64 / elapsed
+        } else {
+            0.0
+        },
+        latency: Summary::of(&mut all),
+    })
+}
+
+/// One hold in a contended run.
+#[derive(Clone, Copy, Debug)]
+struct Rec {
+    task: usize,
+    acquired: Instant,
+    release_start: Instant,
+    released: Instant,
+}
+
+/// What contention on one key looked like.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ContendedResult {
+    /// Tasks competing.
+    pub tasks: usize,
+    /// Acquisitions in all.
+    pub acquisitions: u64,
+    /// Acquisitions per second.
+    pub per_sec: f64,
+    /// Share of acquisitions won by the task that had just released.
+    pub releaser_won: f64,
+    /// From one holder's release returning to another task's lock returning.
+    pub handoff: Summary,
+    /// The longest any task waited for the lock, in microseconds.
+    pub max_wait_us: f64,
+    /// Times two tasks held the lock at once (must be 0).
+    pub overlaps: u64,
+    /// Waits that ran out (a starving task).
+    pub timeouts: u64,
+    /// The smallest share of acquisitions any task got.
+    pub min_task_share: f64,
+}
+
+/// Settings of a contended run.
+#[derive(Clone, Copy, Debug)]
+pub struct Contention {
+    /// Wall-clock budget for asking.
+    pub duration: Duration,
+    /// How long each holder keeps the lock.
+    pub hold: Duration,
+    /// Most acquisitions in all.
+    pub max_acquisitions: u64,
+    /// How long past the budget a waiter may still wait before it counts as starved.
+    pub grace: Duration,
+}
+
+struct Shared {
+    inside: AtomicU64,
+    live_overlaps: AtomicU64,
+    count: AtomicU64,
+    timeouts: AtomicU64,
+    max_wait_us: AtomicU64,
+}
+
+/// Runs one task per locker on the one key `key`: each takes the lock,
+/// holds it for `hold`, releases it and asks again at once.
+///
+/// # Errors
+/// The first lock or release error.
+pub async fn contended(
+    lockers: &[Arc<dyn Locker>],
+    key: &str,
+    c: Contention,
+) -> Result<ContendedResult, String> {
+    let shared = Arc::new(Shared {
+        inside: AtomicU64::new(0),
+        live_overlaps: AtomicU64::new(0),
+        count: AtomicU64::new(0),
+        timeouts: AtomicU64::new(0),
+        max_wait_us: AtomicU64::new(0),
+    });
+    let started = Instant::now();
+    let deadline = started + c.duration;
+    let mut handles = Vec::new();
+    for (task, locker) in lockers.iter().enumerate() {
+        let (locker, shared, key) = (locker.clone(), shared.clone(), key.to_owned());
+        handles.push(tokio::spawn(async move {
+            contend(task, locker, &key, &shared, deadline, c).await
+        }));
+    }
+    let mut recs = Vec::new();
+    for h in handles {
+        recs.extend(h.await.map_err(|e| e.to_string())??);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    Ok(analyse(recs, &shared, lockers.len(), elapsed))
+}
+
+async fn contend(
+    task: usize,
+    locker: Arc<dyn Locker>,
+    key: &str,
+    shared: &Shared,
+    deadline: Instant,
+    c: Contention,
+) -> Result<Vec<Rec>, String> {
+    let mut recs = Vec::new();
+    while Instant::now() < deadline && shared.count.load(Ordering::Relaxed) < c.max_acquisitions {
+        let asked = Instant::now();
+        let wait = deadline.saturating_duration_since(asked) + c.grace;
+        let held = locker.lock(key, wait).await?;
+        let acquired = Instant::now();
+        let waited = micros(acquired - asked) as u64;
+        shared.max_wait_us.fetch_max(waited, Ordering::Relaxed);
+        let Some(h) = held else {
+            shared.timeouts.fetch_add(1, Ordering::Relaxed);
+            break;
+        };
+        if shared.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            shared.live_overlaps.fetch_add(1, Ordering::Relaxed);
+        }
+        shared.count.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(c.hold).await;
+        shared.inside.fetch_sub(1, Ordering::SeqCst);
+        let release_start = Instant::now();
+        h.release().await?;
+        recs.push(Rec {
+            task,
+            acquired,
+            release_start,
+            released: Instant::now(),
+        });
+    }
+    Ok(recs)
+}
+
+fn analyse(mut recs: Vec<Rec>, shared: &Shared, tasks: usize, elapsed: f64) -> ContendedResult {
+    recs.sort_by_key(|r| r.acquired);
+    let mut handoff = Vec::new();
+    let (mut same, mut overlaps) = (0u64, 0u64);
+    for pair in recs.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if b.acquired < a.release_start {
+            overlaps += 1;
+        }
+        if a.task == b.task {
+            same += 1;
+        } else {
+            handoff.push(b.acquired.saturating_duration_since(a.released));
+        }
+    }
+    let n = recs.len() as u64;
+    let mut per_task = vec![0u64; tasks.max(1)];
+    for r in &recs {
+        if let Some(c) = per_task.get_mut(r.task) {
+            *c += 1;
+        }
+    }
+    let min = per_task.iter().copied().min().unwrap_or(0);
+    ContendedResult {
+        tasks,
+        acquisitions: n,
+        per_sec: if elapsed > 0.0 {
+            n as f64 / elapsed
+        } else {
+            0.0
+        },
+        releaser_won: crate::stats::ratio(same as f64, n.saturating_sub(1) as f64),
+        handoff: Summary::of(&mut handoff),
+        max_wait_us: shared.max_wait_us.load(Ordering::Relaxed) as f64,
+        overlaps: overlaps.max(shared.live_overlaps.load(Ordering::Relaxed)),
+        timeouts: shared.timeouts.load(Ordering::Relaxed),
+        min_task_share: crate::stats::ratio(min as f64, n as f64),
+    }
+}

@@ -1,0 +1,190 @@
+//! A smoke run of the built harness (tiny durations, few locks) against
+//! SQLite in a temp file, and against Redis, Postgres, etcd and MySQL when
+//! they are available, so the harness cannot rot. It checks real things:
+//! every section is present, cycles were done, no two tasks ever held the
+//! contended key at once, and renewal kept every lock.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn bench() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_moltlock-bench"))
+}
+
+const TINY: [&str; 14] = [
+    "--duration",
+    "150ms",
+    "--locks",
+    "40",
+    "--renew-ttl",
+    "300ms",
+    "--tasks",
+    "4",
+    "--contenders",
+    "3",
+    "--hold",
+    "1ms",
+    "--max-cycles",
+    "20000",
+];
+
+fn sqlite_url(dir: &tempfile::TempDir) -> String {
+    format!("sqlite://{}", dir.path().join("bench.db").display())
+}
+
+/// The other stores that answer here; the guards keep owned servers alive.
+fn other_stores() -> (Vec<String>, Vec<Box<dyn std::any::Any>>) {
+    let mut urls = Vec::new();
+    let mut keep: Vec<Box<dyn std::any::Any>> = Vec::new();
+    match moltlock_conformance::fixtures::redis::redis() {
+        Ok(r) => {
+            urls.push(r.url());
+            keep.push(Box::new(r));
+        }
+        Err(e) => eprintln!("smoke: no Redis ({e}); skipping it"),
+    }
+    match moltlock_conformance::fixtures::postgres::shared_url() {
+        Ok(u) => urls.push(u),
+        Err(e) => eprintln!("smoke: no Postgres ({e}); skipping it"),
+    }
+    match moltlock_conformance::fixtures::etcd::etcd() {
+        Ok(e) => {
+            urls.push(e.url());
+            keep.push(Box::new(e));
+        }
+        Err(e) => eprintln!("smoke: no etcd ({e}); skipping it"),
+    }
+    match std::env::var("MOLTLOCK_MYSQL_URL") {
+        Ok(u) if !u.trim().is_empty() => urls.push(u),
+        _ => eprintln!("smoke: MOLTLOCK_MYSQL_URL not set; skipping MySQL"),
+    }
+    (urls, keep)
+}
+
+fn num(v: &Value, path: &[&str]) -> f64 {
+    let mut cur = v;
+    for p in path {
+        cur = &cur[*p];
+    }
+    cur.as_f64().unwrap_or(f64::NAN)
+}
+
+fn check_backend(b: &Value) {
+    let store = b["store"].as_str().unwrap_or("?");
+    assert!(b["error"].is_null(), "{store}: {}", b["error"]);
+    for section in ["floor", "uncontended", "floor_parallel", "parallel"] {
+        assert!(
+            num(b, &[section, "cycles"]) > 0.0,
+            "{store}: no {section} cycles"
+        );
+        assert!(
+            num(b, &[section, "latency", "p50_us"]) > 0.0,
+            "{store}: {section}"
+        );
+    }
+    assert!(num(b, &["rtt", "count"]) > 0.0, "{store}: no round trips");
+    let c = &b["contended"];
+    assert!(num(c, &["acquisitions"]) > 0.0, "{store}: nothing acquired");
+    assert_eq!(num(c, &["overlaps"]), 0.0, "{store}: two holders at once");
+    assert_eq!(num(c, &["timeouts"]), 0.0, "{store}: a contender starved");
+    if !b["contended_fair"].is_null() {
+        assert_eq!(
+            num(&b["contended_fair"], &["overlaps"]),
+            0.0,
+            "{store}: fair overlap"
+        );
+    }
+    let r = &b["renewal"];
+    assert_eq!(num(r, &["locks"]), 40.0, "{store}: renewal locks");
+    assert_eq!(num(r, &["lost"]), 0.0, "{store}: renewal lost holds");
+    assert!(
+        num(r, &["renewed_per_interval"]) > 0.0,
+        "{store}: nothing renewed"
+    );
+    assert!(
+        num(r, &["rounds_per_interval"]) > 0.0,
+        "{store}: no renewal rounds"
+    );
+}
+
+#[test]
+fn every_store_end_to_end_as_json_with_peers_and_chart() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (mut urls, _servers) = other_stores();
+    urls.insert(0, sqlite_url(&dir));
+    let svg = dir.path().join("handoff.svg");
+    let mut cmd = bench();
+    for u in &urls {
+        cmd.arg("--url").arg(u);
+    }
+    cmd.args(TINY)
+        .arg("--peers")
+        .arg("--json")
+        .arg("--svg")
+        .arg(&svg);
+    let out = cmd.output().expect("run moltlock-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}\n{stderr}", out.status);
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let backends = report["backends"].as_array().expect("backends");
+    assert_eq!(backends.len(), urls.len(), "{stderr}");
+    for b in backends {
+        check_backend(b);
+    }
+    for p in report["peers"].as_array().expect("peers") {
+        let name = p["name"].as_str().unwrap_or("?");
+        assert!(p["error"].is_null(), "{name}: {}", p["error"]);
+        assert!(num(p, &["uncontended", "cycles"]) > 0.0, "{name}");
+        assert_eq!(num(&p["contended"], &["overlaps"]), 0.0, "{name}: overlap");
+    }
+    assert!(report["checks"].as_array().is_some_and(|c| !c.is_empty()));
+    let chart = std::fs::read_to_string(&svg).expect("chart written");
+    assert!(
+        chart.starts_with("<svg") && chart.contains("moltlock sqlite"),
+        "{chart}"
+    );
+}
+
+#[test]
+fn markdown_has_every_section() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = bench()
+        .arg("--url")
+        .arg(sqlite_url(&dir))
+        .args(TINY)
+        .output()
+        .expect("run moltlock-bench");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for section in [
+        "### Floor, uncontended and parallel",
+        "### Contended: 3 tasks on one key",
+        "### Renewal at scale",
+        "### Targets",
+        "| moltlock sqlite | default |",
+    ] {
+        assert!(text.contains(section), "missing {section:?} in\n{text}");
+    }
+    assert!(!text.contains("error:"), "{text}");
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    let out = bench()
+        .args(["--url", "nope://x", "--duration", "10ms", "--locks", "0"])
+        .output();
+    let out = out.expect("run moltlock-bench");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("error:"));
+    let out = bench()
+        .args(["--url", "sqlite://x.db", "--duration", "soon"])
+        .output();
+    let out = out.expect("run moltlock-bench");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a duration"));
+}
