@@ -1,1 +1,127 @@
-//! Fault-injection harness (work in progress).
+//! The MoltLock fault-injection suite: worker processes contend on one key
+//! through a real store while the test kills, pauses or cuts them off, or
+//! restarts the store; a checker then proves the lock contract held.
+//!
+//! - [`service`]: the checker's TCP service run by the test process — a
+//!   fenced resource (`write <fence> <worker>` → `ok` / `stale`) and the
+//!   shared log of critical sections and events.
+//! - [`proxy`]: a loopback TCP proxy that passes, drops, stalls or delays
+//!   the traffic between a worker and its store.
+//! - [`check`]: the analysis — overlapping valid sections, stale writes
+//!   accepted, duplicate fences.
+//! - [`harness`]: worker processes, scenarios and the report table.
+//! - [`Reporter`]: the worker's side of the service protocol (used by the
+//!   `fault-worker` binary).
+
+pub mod check;
+pub mod harness;
+pub mod proxy;
+pub mod service;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+/// Wall-clock nanoseconds since the Unix epoch: shared by every process of
+/// the machine, so sections of different workers can be compared.
+pub fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// A worker's connection to the checker's service.
+pub struct Reporter {
+    id: String,
+    reader: BufReader<OwnedReadHalf>,
+    writer: OwnedWriteHalf,
+}
+
+impl Reporter {
+    /// Connects to the service at `addr` as worker `id` (no spaces).
+    ///
+    /// # Errors
+    /// When the service cannot be reached.
+    pub async fn connect(addr: &str, id: &str) -> Result<Self, String> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("checker service {addr}: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        let (r, w) = stream.into_split();
+        Ok(Self {
+            id: id.replace(' ', "_"),
+            reader: BufReader::new(r),
+            writer: w,
+        })
+    }
+
+    async fn call(&mut self, line: String) -> Result<String, String> {
+        self.writer
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .map_err(|e| format!("checker service: {e}"))?;
+        let mut reply = String::new();
+        let n = self
+            .reader
+            .read_line(&mut reply)
+            .await
+            .map_err(|e| format!("checker service: {e}"))?;
+        if n == 0 {
+            return Err("checker service closed the connection".into());
+        }
+        Ok(reply.trim().to_owned())
+    }
+
+    /// Writes to the fenced resource; `true` when it accepted the write.
+    ///
+    /// # Errors
+    /// When the service cannot be reached or answers nonsense.
+    pub async fn write(&mut self, fence: u64) -> Result<bool, String> {
+        let reply = self.call(format!("write {fence} {}", self.id)).await?;
+        match reply.as_str() {
+            "ok" => Ok(true),
+            "stale" => Ok(false),
+            other => Err(format!("the fenced resource said {other:?}")),
+        }
+    }
+
+    /// Reports an event (`acquired`, `lost`, `pausing`, …) at wall time `t`.
+    ///
+    /// # Errors
+    /// When the service cannot be reached.
+    pub async fn event(&mut self, kind: &str, fence: u64, t: u128, note: &str) -> Result<(), String> {
+        let note = note.replace(['\n', '\r'], " ");
+        self.call(format!("event {} {kind} {fence} {t} {note}", self.id))
+            .await
+            .map(drop)
+    }
+
+    /// Reports a finished critical section: its span, whether the hold was
+    /// valid throughout, and whether each of its two writes was accepted.
+    ///
+    /// # Errors
+    /// When the service cannot be reached.
+    pub async fn section(
+        &mut self,
+        fence: u64,
+        start: u128,
+        end: u128,
+        valid: bool,
+        first: bool,
+        second: bool,
+    ) -> Result<(), String> {
+        let b = |x: bool| u8::from(x);
+        self.call(format!(
+            "section {} {fence} {start} {end} {} {} {}",
+            self.id,
+            b(valid),
+            b(first),
+            b(second)
+        ))
+        .await
+        .map(drop)
+    }
+}

@@ -1,0 +1,96 @@
+//! The checker: what counts as a violation of the lock contract in a log.
+
+use std::collections::HashMap;
+
+use crate::service::Log;
+
+/// What the checker found in one log.
+#[derive(Clone, Debug, Default)]
+pub struct Verdict {
+    /// Acquisitions reported (`acquired` events).
+    pub acquisitions: usize,
+    /// Critical sections reported.
+    pub sections: usize,
+    /// Sections whose hold was valid throughout.
+    pub valid_sections: usize,
+    /// Writes the fenced resource refused.
+    pub refused_writes: usize,
+    /// Every violation, described.
+    pub violations: Vec<String>,
+}
+
+impl Verdict {
+    /// Whether no violation was found.
+    pub fn clean(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+/// Checks a log:
+///
+/// 1. **overlap** — two sections of different holds, both valid throughout,
+///    whose spans intersect: two holders believed they held the key at once;
+/// 2. **stale write accepted** — the resource accepted a write whose fence
+///    was lower than one it had accepted before;
+/// 3. **duplicate fence** — two acquisitions returned the same fence.
+pub fn check(log: &Log) -> Verdict {
+    let mut v = Verdict {
+        acquisitions: log.events.iter().filter(|e| e.kind == "acquired").count(),
+        sections: log.sections.len(),
+        valid_sections: log.sections.iter().filter(|s| s.valid).count(),
+        refused_writes: log.writes.iter().filter(|w| !w.accepted).count(),
+        violations: Vec::new(),
+    };
+    let mut valid: Vec<_> = log.sections.iter().filter(|s| s.valid).collect();
+    valid.sort_by_key(|s| s.start);
+    for (i, a) in valid.iter().enumerate() {
+        for b in valid.iter().skip(i + 1) {
+            if b.start >= a.end {
+                break;
+            }
+            if a.worker != b.worker || a.fence != b.fence {
+                v.violations.push(format!(
+                    "overlap: {} (fence {}) held [{}, {}] while {} (fence {}) held [{}, {}] \
+                     ({} µs in common), both valid",
+                    a.worker,
+                    a.fence,
+                    a.start,
+                    a.end,
+                    b.worker,
+                    b.fence,
+                    b.start,
+                    b.end,
+                    (a.end.min(b.end) - b.start) / 1000
+                ));
+            }
+        }
+    }
+    let mut highest: Option<(u64, &str)> = None;
+    for w in log.writes.iter().filter(|w| w.accepted) {
+        if let Some((h, by)) = highest {
+            if w.fence < h {
+                v.violations.push(format!(
+                    "stale write accepted: {} wrote with fence {} after {} had written with fence {h}",
+                    w.worker, w.fence, by
+                ));
+                continue;
+            }
+        }
+        if highest.is_none_or(|(h, _)| w.fence >= h) {
+            highest = Some((w.fence, &w.worker));
+        }
+    }
+    let mut owner: HashMap<u64, &str> = HashMap::new();
+    for e in log.events.iter().filter(|e| e.kind == "acquired") {
+        match owner.get(&e.fence) {
+            Some(w) => v.violations.push(format!(
+                "duplicate fence: {} and {} both acquired with fence {}",
+                w, e.worker, e.fence
+            )),
+            None => {
+                owner.insert(e.fence, &e.worker);
+            }
+        }
+    }
+    v
+}

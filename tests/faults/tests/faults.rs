@@ -1,0 +1,229 @@
+//! The fault suite: every scenario against every backend where it applies,
+//! each on servers this test starts itself, with worker processes from the
+//! `fault-worker` binary. Each test records its row of the report under
+//! `target/tmp/moltlock-faults/` (`report.md` holds the table so far).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use moltlock_conformance::fixtures;
+use moltlock_faults::harness::{self, Harness, Outcome, Target};
+use moltlock_faults::proxy::Mode;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fault-worker");
+
+/// TTL for Redis, Postgres and SQLite.
+const TTL: Duration = Duration::from_secs(2);
+/// TTL for etcd (its lease floor is 2 s; leave room).
+const ETCD_TTL: Duration = Duration::from_secs(3);
+
+fn report_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("moltlock-faults")
+}
+
+fn conclude(out: &Outcome) {
+    out.record(&report_dir());
+    assert!(out.passed(), "{}", out.explain());
+}
+
+fn harness() -> Harness {
+    Harness::new(BIN, false).expect("harness")
+}
+
+fn redis(r: &fixtures::redis::OwnedRedis) -> Target {
+    Target {
+        backend: "redis",
+        url: r.url(),
+        ttl: TTL,
+    }
+}
+
+fn postgres_shared() -> Target {
+    Target {
+        backend: "postgres",
+        url: fixtures::postgres::shared_url().expect("postgres"),
+        ttl: TTL,
+    }
+}
+
+fn sqlite(h: &Harness) -> Target {
+    Target {
+        backend: "sqlite",
+        url: format!("sqlite://{}", h.dir().join("locks.db").display()),
+        ttl: TTL,
+    }
+}
+
+fn etcd(m: &fixtures::etcd::EtcdMember) -> Target {
+    Target {
+        backend: "etcd",
+        url: format!("etcd://{}", m.endpoint()),
+        ttl: ETCD_TTL,
+    }
+}
+
+// ---- holder killed (SIGKILL) ----
+
+#[test]
+fn sigkill_redis() {
+    let r = fixtures::redis::start_owned().expect("redis");
+    let h = harness();
+    conclude(&harness::holder_killed(&h, &redis(&r)));
+}
+
+#[test]
+fn sigkill_postgres() {
+    let t = postgres_shared();
+    let h = harness();
+    conclude(&harness::holder_killed(&h, &t));
+}
+
+#[test]
+fn sigkill_sqlite() {
+    let h = harness();
+    let t = sqlite(&h);
+    conclude(&harness::holder_killed(&h, &t));
+}
+
+#[test]
+fn sigkill_etcd() {
+    let e = fixtures::etcd::start_single().expect("etcd");
+    let h = harness();
+    conclude(&harness::holder_killed(&h, &etcd(&e)));
+}
+
+// ---- holder paused (SIGSTOP past the TTL, then SIGCONT) ----
+
+#[test]
+fn sigstop_redis() {
+    let r = fixtures::redis::start_owned().expect("redis");
+    let h = harness();
+    conclude(&harness::holder_paused(&h, &redis(&r), false));
+}
+
+#[test]
+fn sigstop_postgres() {
+    let t = postgres_shared();
+    let h = harness();
+    conclude(&harness::holder_paused(&h, &t, false));
+}
+
+#[test]
+fn sigstop_sqlite() {
+    let h = harness();
+    let t = sqlite(&h);
+    conclude(&harness::holder_paused(&h, &t, false));
+}
+
+#[test]
+fn sigstop_etcd() {
+    let e = fixtures::etcd::start_single().expect("etcd");
+    let h = harness();
+    conclude(&harness::holder_paused(&h, &etcd(&e), false));
+}
+
+// ---- the checker catches unsafe locks ----
+
+/// A holder that ignores its validity deadline (keeps believing it holds
+/// after `lost()`) overlaps the next holder: the checker must say so.
+#[test]
+fn checker_catches_holder_ignoring_deadline() {
+    let r = fixtures::redis::start_owned().expect("redis");
+    let h = harness();
+    let out = harness::holder_paused(&h, &redis(&r), true);
+    out.record(&report_dir());
+    assert!(
+        out.verdict.violations.iter().any(|v| v.starts_with("overlap")),
+        "the checker missed the unsafe holder's overlap: {out:?}"
+    );
+}
+
+/// A resource that ignores fences accepts the paused holder's late write:
+/// the checker must report a stale write, and the scenario must fail.
+#[test]
+fn checker_catches_resource_ignoring_fences() {
+    let r = fixtures::redis::start_owned().expect("redis");
+    let h = Harness::new(BIN, true).expect("harness");
+    let mut out = harness::holder_paused(&h, &redis(&r), false);
+    out.scenario = "unfenced-resource-sigstop".into();
+    out.record(&report_dir());
+    assert!(
+        out.verdict
+            .violations
+            .iter()
+            .any(|v| v.starts_with("stale write accepted")),
+        "the checker missed the stale write: {out:?}"
+    );
+    assert!(!out.passed());
+}
+
+// ---- connection cut (proxy drops or stalls the holder's traffic) ----
+
+#[test]
+fn cut_stall_redis() {
+    let r = fixtures::redis::start_owned().expect("redis");
+    let h = harness();
+    conclude(&harness::connection_cut(&h, &redis(&r), Mode::Stall));
+}
+
+#[test]
+fn cut_drop_redis() {
+    let r = fixtures::redis::start_owned().expect("redis");
+    let h = harness();
+    conclude(&harness::connection_cut(&h, &redis(&r), Mode::Drop));
+}
+
+#[test]
+fn cut_stall_postgres() {
+    let t = postgres_shared();
+    let h = harness();
+    conclude(&harness::connection_cut(&h, &t, Mode::Stall));
+}
+
+#[test]
+fn cut_drop_postgres() {
+    let t = postgres_shared();
+    let h = harness();
+    conclude(&harness::connection_cut(&h, &t, Mode::Drop));
+}
+
+#[test]
+fn cut_stall_etcd() {
+    let e = fixtures::etcd::start_single().expect("etcd");
+    let h = harness();
+    conclude(&harness::connection_cut(&h, &etcd(&e), Mode::Stall));
+}
+
+#[test]
+fn cut_drop_etcd() {
+    let e = fixtures::etcd::start_single().expect("etcd");
+    let h = harness();
+    conclude(&harness::connection_cut(&h, &etcd(&e), Mode::Drop));
+}
+
+// ---- slow store (latency on the proxy) ----
+
+const LATENCY: Duration = Duration::from_millis(40);
+
+#[test]
+fn slow_redis() {
+    let r = fixtures::redis::start_owned().expect("redis");
+    let h = harness();
+    conclude(&harness::slow_store(&h, &redis(&r), LATENCY));
+}
+
+#[test]
+fn slow_postgres() {
+    let t = postgres_shared();
+    let h = harness();
+    conclude(&harness::slow_store(&h, &t, LATENCY));
+}
+
+#[test]
+fn slow_etcd() {
+    let e = fixtures::etcd::start_single().expect("etcd");
+    let h = harness();
+    conclude(&harness::slow_store(&h, &etcd(&e), LATENCY));
+}
