@@ -20,7 +20,7 @@ if [ -z "${MOLTLOCK_MYSQL_URL:-}" ] && port_open 3306; then
 fi
 echo "shared stores: redis=${MOLTLOCK_REDIS_URL:-fixture} postgres=${MOLTLOCK_POSTGRES_URL:-fixture} mysql=${MOLTLOCK_MYSQL_URL:-none}"
 
-cargo test --workspace --all-features "$@"
+cargo test --workspace --all-features --no-fail-fast "$@"
 # The facade once more with its default features (SQLite only), so URLs of
 # backends that are not compiled in are checked to name their feature.
 cargo test -p moltlock --test connect "$@"

@@ -61,13 +61,51 @@ impl Flawed {
     }
 
     fn holder(&self, key: &str) -> Option<Token> {
-        let st = self.lock();
-        let e = st.entries.get(key)?;
-        (e.expires_at > Instant::now()).then(|| e.holder.clone())
+        live_holder(&self.lock(), key)
     }
 
-    fn write(&self, key: &str, new: &Token, ttl: Duration, renew: bool) -> Fence {
+    /// The compare and the write, under one lock unless the flaw splits them.
+    async fn compare_and_write(
+        &self,
+        key: &str,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        if self.flaw == Flaw::ReadThenWrite {
+            let current = self.holder(key);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let mut st = self.lock();
+            return Ok(self.decide(&mut st, current, key, expected, new, ttl));
+        }
         let mut st = self.lock();
+        let current = live_holder(&st, key);
+        Ok(self.decide(&mut st, current, key, expected, new, ttl))
+    }
+
+    fn decide(
+        &self,
+        st: &mut Store,
+        current: Option<Token>,
+        key: &str,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> CasOutcome {
+        let foreign_renewal = self.flaw == Flaw::RenewsForeignToken && expected == Some(new);
+        if current.as_ref() != expected && !foreign_renewal {
+            return CasOutcome::Held(Held {
+                holder: current,
+                ..Held::default()
+            });
+        }
+        let renew = expected.is_some();
+        CasOutcome::Acquired {
+            fence: self.write(st, key, new, ttl, renew),
+        }
+    }
+
+    fn write(&self, st: &mut Store, key: &str, new: &Token, ttl: Duration, renew: bool) -> Fence {
         let fence = match (renew, st.entries.get(key)) {
             (true, Some(e)) => e.fence,
             _ if self.flaw == Flaw::RepeatingFence => 1,
@@ -91,6 +129,11 @@ impl Flawed {
     }
 }
 
+fn live_holder(st: &Store, key: &str) -> Option<Token> {
+    let e = st.entries.get(key)?;
+    (e.expires_at > Instant::now()).then(|| e.holder.clone())
+}
+
 #[async_trait]
 impl Backend for Flawed {
     async fn cas(
@@ -100,27 +143,15 @@ impl Backend for Flawed {
         new: &Token,
         ttl: Duration,
     ) -> Result<CasOutcome, Error> {
-        let current = self.holder(key.as_str());
-        if self.flaw == Flaw::ReadThenWrite {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        let foreign_renewal = self.flaw == Flaw::RenewsForeignToken && expected == Some(new);
-        if current.as_ref() != expected && !foreign_renewal {
-            return Ok(CasOutcome::Held(Held {
-                holder: current,
-                ..Held::default()
-            }));
-        }
-        let renew = expected.is_some();
-        Ok(CasOutcome::Acquired {
-            fence: self.write(key.as_str(), new, ttl, renew),
-        })
+        self.compare_and_write(key.as_str(), expected, new, ttl)
+            .await
     }
 
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        let ours = self.holder(key.as_str()).as_ref() == Some(owner);
+        let mut st = self.lock();
+        let ours = live_holder(&st, key.as_str()).as_ref() == Some(owner);
         if ours || self.flaw == Flaw::UnconditionalDelete {
-            return Ok(self.lock().entries.remove(key.as_str()).is_some());
+            return Ok(st.entries.remove(key.as_str()).is_some());
         }
         Ok(false)
     }
