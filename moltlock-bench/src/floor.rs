@@ -98,8 +98,8 @@ pub enum Floor {
     },
     /// etcd, through `etcd-client`.
     Etcd {
-        /// The client.
-        client: etcd_client::Client,
+        /// The client (boxed: it is large).
+        client: Box<etcd_client::Client>,
         /// The lease floor holds hang on.
         lease: i64,
         /// The key prefix the backend uses in this run.
@@ -139,7 +139,7 @@ impl Floor {
                     .map_err(err)?;
                 let lease = client.lease_grant(120, None).await.map_err(err)?.id();
                 Ok(Self::Etcd {
-                    client,
+                    client: Box::new(client),
                     lease,
                     prefix: etcd_prefix(&t.run),
                 })

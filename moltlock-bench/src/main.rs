@@ -26,6 +26,15 @@ fn main() -> ExitCode {
     } else {
         print!("{}", report.markdown());
     }
+    if let Some(path) = &args.json_out {
+        let written = serde_json::to_string_pretty(&report)
+            .map_err(|e| e.to_string())
+            .and_then(|j| std::fs::write(path, j).map_err(|e| e.to_string()));
+        if let Err(e) = written {
+            eprintln!("moltlock-bench: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
     if let Some(path) = &args.svg {
         if let Err(e) = std::fs::write(path, svg::handoff_chart(&report)) {
             eprintln!("moltlock-bench: cannot write {}: {e}", path.display());

@@ -53,6 +53,9 @@ pub struct Args {
     /// Print JSON instead of markdown.
     #[arg(long)]
     pub json: bool,
+    /// Also write the JSON report to this file.
+    #[arg(long)]
+    pub json_out: Option<PathBuf>,
     /// Write the hand-off latency chart (SVG) here.
     #[arg(long)]
     pub svg: Option<PathBuf>,
@@ -79,7 +82,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "m" => n * 60.0,
         _ => return Err(format!("unknown unit in {s:?}: use us, ms, s or m")),
     };
-    if !secs.is_finite() || secs < 0.0 || secs > 86_400.0 {
+    if !secs.is_finite() || !(0.0..=86_400.0).contains(&secs) {
         return Err(format!("duration out of range: {s:?}"));
     }
     Ok(Duration::from_secs_f64(secs))
