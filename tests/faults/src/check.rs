@@ -30,9 +30,13 @@ impl Verdict {
 ///
 /// 1. **overlap** — two sections of different holds, both valid throughout,
 ///    whose spans intersect: two holders believed they held the key at once;
-/// 2. **stale write accepted** — the resource accepted a write whose fence
+/// 2. **belief overlap** — two sections of different holds during which
+///    both workers saw `is_held()` true at overlapping times (from each
+///    section's start to the last instant its worker saw the hold valid):
+///    two holders believed at once, even if one found out before its end;
+/// 3. **stale write accepted** — the resource accepted a write whose fence
 ///    was lower than one it had accepted before;
-/// 3. **duplicate fence** — two acquisitions returned the same fence.
+/// 4. **duplicate fence** — two acquisitions returned the same fence.
 pub fn check(log: &Log) -> Verdict {
     let mut v = Verdict {
         acquisitions: log.events.iter().filter(|e| e.kind == "acquired").count(),
@@ -61,6 +65,36 @@ pub fn check(log: &Log) -> Verdict {
                     b.start,
                     b.end,
                     (a.end.min(b.end) - b.start) / 1000
+                ));
+            }
+        }
+    }
+    let mut believed: Vec<_> = log
+        .sections
+        .iter()
+        .filter(|s| !s.valid && s.last_held > s.start)
+        .chain(valid.iter().copied())
+        .collect();
+    believed.sort_by_key(|s| s.start);
+    for (i, a) in believed.iter().enumerate() {
+        for b in believed.iter().skip(i + 1) {
+            if b.start >= a.last_held {
+                continue;
+            }
+            if (a.valid && b.valid) || (a.worker == b.worker && a.fence == b.fence) {
+                continue; // already reported above, or the same hold
+            }
+            if b.start < a.last_held && a.start < b.last_held {
+                v.violations.push(format!(
+                    "belief overlap: {} (fence {}) saw its hold valid until {} while {} \
+                     (fence {}) held from {} ({} µs in common)",
+                    a.worker,
+                    a.fence,
+                    a.last_held,
+                    b.worker,
+                    b.fence,
+                    b.start,
+                    (a.last_held.min(b.last_held) - b.start) / 1000
                 ));
             }
         }

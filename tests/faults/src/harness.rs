@@ -12,9 +12,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::check::{check, Verdict};
+use crate::now_ns;
 use crate::proxy::{Mode, Proxy};
 use crate::service::{Event, Log, Service};
-use crate::now_ns;
 
 /// Allowance for one hand-off on a busy two-core machine: waking a waiter,
 /// its acquire round trip, process scheduling.
@@ -50,6 +50,9 @@ pub struct Spec {
     pub pause_round: Option<u32>,
     /// Ignore the validity deadline (a deliberately unsafe worker).
     pub unsafe_mode: bool,
+    /// Poll the key this often while waiting (default: the manager's
+    /// exponential backoff).
+    pub retry: Option<Duration>,
 }
 
 impl Spec {
@@ -64,6 +67,7 @@ impl Spec {
             hold,
             pause_round: None,
             unsafe_mode: false,
+            retry: None,
         }
     }
 }
@@ -203,6 +207,9 @@ impl Harness {
         if spec.unsafe_mode {
             cmd.arg("--unsafe");
         }
+        if let Some(r) = spec.retry {
+            cmd.args(["--retry-ms", &r.as_millis().to_string()]);
+        }
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -257,14 +264,22 @@ impl Harness {
                 match w.child.try_wait() {
                     Ok(Some(status)) if status.success() => break,
                     Ok(Some(status)) => {
-                        problems.push(format!("{} exited with {status}: {}", w.id, w.stderr_tail()));
+                        problems.push(format!(
+                            "{} exited with {status}: {}",
+                            w.id,
+                            w.stderr_tail()
+                        ));
                         break;
                     }
                     Ok(None) if Instant::now() < until => {
                         std::thread::sleep(Duration::from_millis(20));
                     }
                     Ok(None) => {
-                        problems.push(format!("{} did not finish in time: {}", w.id, w.stderr_tail()));
+                        problems.push(format!(
+                            "{} did not finish in time: {}",
+                            w.id,
+                            w.stderr_tail()
+                        ));
                         w.kill();
                         break;
                     }
@@ -322,6 +337,11 @@ pub struct Outcome {
     pub failures: Vec<String>,
     /// Free text for the report.
     pub note: String,
+    /// The whole log, for the evidence file written next to the report.
+    pub log: Option<Log>,
+    /// A deliberately unsafe run: the report calls it `caught` when the
+    /// checker found violations (as it must), `MISSED` when not.
+    pub unsafe_demo: bool,
 }
 
 impl Outcome {
@@ -333,6 +353,8 @@ impl Outcome {
             recovery: None,
             failures: Vec::new(),
             note: String::new(),
+            log: None,
+            unsafe_demo: false,
         }
     }
 
@@ -366,7 +388,12 @@ impl Outcome {
         let recovery = self
             .recovery
             .map_or("-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()));
-        let result = if self.passed() { "pass" } else { "FAIL" };
+        let result = match (self.unsafe_demo, self.passed()) {
+            (false, true) => "pass",
+            (false, false) => "FAIL",
+            (true, false) if !self.verdict.clean() => "caught (expected)",
+            (true, _) => "MISSED",
+        };
         let row = [
             self.scenario.clone(),
             self.backend.clone(),
@@ -377,7 +404,18 @@ impl Outcome {
             self.note.replace(['\t', '\n'], " "),
         ]
         .join("\t");
-        let _ = fs::write(rows.join(format!("{}__{}.tsv", self.scenario, self.backend)), row);
+        let _ = fs::write(
+            rows.join(format!("{}__{}.tsv", self.scenario, self.backend)),
+            row,
+        );
+        if let Some(log) = &self.log {
+            let logs = dir.join("logs");
+            let _ = fs::create_dir_all(&logs);
+            let _ = fs::write(
+                logs.join(format!("{}__{}.txt", self.scenario, self.backend)),
+                format!("{}\n{log:#?}", self.explain()),
+            );
+        }
         let _ = fs::write(dir.join("report.md"), render(dir));
     }
 }
@@ -397,7 +435,10 @@ pub fn render(dir: &Path) -> String {
          |---|---|---:|---:|---:|---|---|\n",
     );
     for r in rows {
-        out.push_str(&format!("| {} |\n", r.trim().split('\t').collect::<Vec<_>>().join(" | ")));
+        out.push_str(&format!(
+            "| {} |\n",
+            r.trim().split('\t').collect::<Vec<_>>().join(" | ")
+        ));
     }
     out
 }
@@ -436,21 +477,30 @@ pub fn holder_killed(h: &Harness, target: &Target) -> Outcome {
         w.kill();
     }
     let bound = target.ttl + HANDOFF;
-    match h.wait_event(bound + Duration::from_secs(5), acquired_by_other(&first.worker, killed_at)) {
+    match h.wait_event(
+        bound + Duration::from_secs(5),
+        acquired_by_other(&first.worker, killed_at),
+    ) {
         Some(next) => {
             let took = ns_to(next.t.saturating_sub(killed_at));
             out.recovery = Some(took);
             if took > bound {
-                out.fail(format!("the next holder took {took:?} (> TTL + hand-off = {bound:?})"));
+                out.fail(format!(
+                    "the next holder took {took:?} (> TTL + hand-off = {bound:?})"
+                ));
             }
         }
-        None => out.fail(format!("nobody took the key after the holder was killed, within {bound:?} + 5 s")),
+        None => out.fail(format!(
+            "nobody took the key after the holder was killed, within {bound:?} + 5 s"
+        )),
     }
     workers.retain(|w| w.id != first.worker);
     if let Err(e) = h.finish(&mut workers, Duration::from_secs(60)) {
         out.fail(e);
     }
-    out.verdict = check(&h.service.log());
+    let log = h.service.log();
+    out.verdict = check(&log);
+    out.log = Some(log);
     out.note = format!("killed {} holding fence {}", first.worker, first.fence);
     out
 }
@@ -463,7 +513,11 @@ pub fn holder_killed(h: &Harness, target: &Target) -> Outcome {
 /// With `unsafe_holder` the paused worker ignores its deadline and reports
 /// its section as valid — the checker must then find an overlap.
 pub fn holder_paused(h: &Harness, target: &Target, unsafe_holder: bool) -> Outcome {
-    let name = if unsafe_holder { "unsafe-holder-sigstop" } else { "holder-sigstop" };
+    let name = if unsafe_holder {
+        "unsafe-holder-sigstop"
+    } else {
+        "holder-sigstop"
+    };
     let mut out = Outcome::new(name, target);
     let key = key("sigstop");
     let mut victim = Spec::new("paused", target, &key, 1, Duration::from_millis(100));
@@ -482,7 +536,13 @@ pub fn holder_paused(h: &Harness, target: &Target, unsafe_holder: bool) -> Outco
         return out;
     };
     for i in 0..2 {
-        match h.spawn(&Spec::new(&format!("w{i}"), target, &key, 3, Duration::from_millis(300))) {
+        match h.spawn(&Spec::new(
+            &format!("w{i}"),
+            target,
+            &key,
+            3,
+            Duration::from_millis(300),
+        )) {
             Ok(w) => workers.push(w),
             Err(e) => {
                 out.fail(e);
@@ -491,15 +551,22 @@ pub fn holder_paused(h: &Harness, target: &Target, unsafe_holder: bool) -> Outco
         }
     }
     let bound = target.ttl + HANDOFF;
-    match h.wait_event(bound + Duration::from_secs(5), acquired_by_other("paused", paused.t)) {
+    match h.wait_event(
+        bound + Duration::from_secs(5),
+        acquired_by_other("paused", paused.t),
+    ) {
         Some(next) => {
             let took = ns_to(next.t.saturating_sub(paused.t));
             out.recovery = Some(took);
             if took > bound {
-                out.fail(format!("the next holder took {took:?} (> TTL + hand-off = {bound:?})"));
+                out.fail(format!(
+                    "the next holder took {took:?} (> TTL + hand-off = {bound:?})"
+                ));
             }
             if took < target.ttl.mul_f64(0.9) {
-                out.fail(format!("the key was handed over {took:?} after the pause, before the TTL"));
+                out.fail(format!(
+                    "the key was handed over {took:?} after the pause, before the TTL"
+                ));
             }
         }
         None => out.fail("nobody took the key while the holder was paused"),
@@ -519,6 +586,7 @@ pub fn holder_paused(h: &Harness, target: &Target, unsafe_holder: bool) -> Outco
     }
     let log = h.service.log();
     out.verdict = check(&log);
+    out.log = Some(log.clone());
     if !unsafe_holder {
         match log.sections.iter().find(|s| s.worker == "paused") {
             Some(s) if s.second_write => out.fail("the paused holder's late write was accepted"),
@@ -526,11 +594,35 @@ pub fn holder_paused(h: &Harness, target: &Target, unsafe_holder: bool) -> Outco
             Some(_) => {}
             None => out.fail("the paused holder reported no section"),
         }
-        if !log.events.iter().any(|e| e.worker == "paused" && e.kind == "lost") {
+        if !log
+            .events
+            .iter()
+            .any(|e| e.worker == "paused" && e.kind == "lost")
+        {
             out.fail("lost() never fired for the paused holder");
         }
     }
-    out.note = format!("paused fence {fence}; late write refused, lost() fired on resume");
+    let late = log.sections.iter().find(|s| s.worker == "paused");
+    let lost = log
+        .events
+        .iter()
+        .any(|e| e.worker == "paused" && e.kind == "lost");
+    out.note = format!(
+        "paused fence {fence}; late write {}; lost() {}",
+        match late {
+            Some(s) if s.second_write => "ACCEPTED",
+            Some(_) => "refused",
+            None => "missing",
+        },
+        if lost {
+            "fired on resume"
+        } else {
+            "did not fire"
+        }
+    );
+    if unsafe_holder {
+        out.note.push_str("; holder ignores its deadline");
+    }
     out
 }
 
@@ -567,7 +659,13 @@ pub fn connection_cut(h: &Harness, target: &Target, mode: Mode) -> Outcome {
         return out;
     };
     for i in 0..2 {
-        match h.spawn(&Spec::new(&format!("w{i}"), target, &key, 2, Duration::from_millis(200))) {
+        match h.spawn(&Spec::new(
+            &format!("w{i}"),
+            target,
+            &key,
+            2,
+            Duration::from_millis(200),
+        )) {
             Ok(w) => workers.push(w),
             Err(e) => {
                 out.fail(e);
@@ -580,7 +678,10 @@ pub fn connection_cut(h: &Harness, target: &Target, mode: Mode) -> Outcome {
     h.set_proxy(proxy, mode);
     let bound = target.ttl + HANDOFF;
     let lost = h.wait_event(bound, |e| e.worker == "cut" && e.kind == "lost");
-    let next = h.wait_event(bound + Duration::from_secs(5), acquired_by_other("cut", cut_at));
+    let next = h.wait_event(
+        bound + Duration::from_secs(5),
+        acquired_by_other("cut", cut_at),
+    );
     match (&lost, &next) {
         (Some(l), Some(n)) => {
             out.recovery = Some(ns_to(n.t.saturating_sub(cut_at)));
@@ -611,6 +712,7 @@ pub fn connection_cut(h: &Harness, target: &Target, mode: Mode) -> Outcome {
     }
     let log = h.service.log();
     out.verdict = check(&log);
+    out.log = Some(log.clone());
     match log.sections.iter().find(|s| s.worker == "cut") {
         Some(s) if s.second_write => out.fail("the cut-off holder's late write was accepted"),
         Some(s) if s.valid => out.fail("the cut-off holder reported its section as valid"),
@@ -651,6 +753,7 @@ pub fn slow_store(h: &Harness, target: &Target, delay: Duration) -> Outcome {
     }
     let log = h.service.log();
     out.verdict = check(&log);
+    out.log = Some(log.clone());
     let lost: Vec<_> = log.events.iter().filter(|e| e.kind == "lost").collect();
     if !lost.is_empty() {
         out.fail(format!("lost() fired under {delay:?} of latency: {lost:?}"));
@@ -666,9 +769,12 @@ pub fn slow_store(h: &Harness, target: &Target, delay: Duration) -> Outcome {
 }
 
 /// **Store fault during contention** (a restart, a leader kill): three
-/// workers contend; once some sections are done, `fault` runs on the
-/// calling thread. No valid sections may overlap, the workers must carry
-/// on, and every fence acquired after the fault must exceed every fence
+/// workers contend with sections of 0.4 × TTL, waiters polling every 25 ms;
+/// once some sections are done, `fault` runs on the calling thread right
+/// after a holder entered its section, and a fourth worker with a fresh
+/// connection joins after it (as a node starting after the fault would).
+/// No two holders may believe they hold at once, the workers must carry on,
+/// and every fence acquired after the fault must exceed every fence
 /// acquired before it.
 pub fn store_fault(
     h: &Harness,
@@ -680,7 +786,9 @@ pub fn store_fault(
     let key = key(scenario);
     let mut workers = Vec::new();
     for i in 0..3 {
-        match h.spawn(&Spec::new(&format!("w{i}"), target, &key, 6, Duration::from_millis(200))) {
+        let mut spec = Spec::new(&format!("w{i}"), target, &key, 3, target.ttl.mul_f64(0.4));
+        spec.retry = Some(Duration::from_millis(25));
+        match h.spawn(&spec) {
             Ok(w) => workers.push(w),
             Err(e) => {
                 out.fail(e);
@@ -688,8 +796,19 @@ pub fn store_fault(
             }
         }
     }
-    if !h.wait_log(Duration::from_secs(30), |l| l.sections.len() >= 3) {
+    if !h.wait_log(Duration::from_secs(30), |l| l.sections.len() >= 2) {
         out.fail("no progress before the fault");
+        return out;
+    }
+    // Strike right after a holder entered its section, so the fault lands
+    // while the key is held.
+    let mark = now_ns();
+    if h.wait_event(Duration::from_secs(10), |e| {
+        e.kind == "acquired" && e.t > mark
+    })
+    .is_none()
+    {
+        out.fail("no acquisition to strike after");
         return out;
     }
     let before = now_ns();
@@ -698,7 +817,17 @@ pub fn store_fault(
         return out;
     }
     let after = now_ns();
-    match h.wait_event(Duration::from_secs(60), |e| e.kind == "acquired" && e.t > after) {
+    // A newcomer with a fresh connection, as a node starting after the
+    // fault would be: it takes the key as soon as the store lets it.
+    let mut late = Spec::new("late", target, &key, 1, target.ttl.mul_f64(0.4));
+    late.retry = Some(Duration::from_millis(25));
+    match h.spawn(&late) {
+        Ok(w) => workers.push(w),
+        Err(e) => out.fail(e),
+    }
+    match h.wait_event(Duration::from_secs(60), |e| {
+        e.kind == "acquired" && e.t > after
+    }) {
         Some(e) => out.recovery = Some(ns_to(e.t.saturating_sub(before))),
         None => out.fail("nobody acquired after the fault"),
     }
@@ -707,8 +836,13 @@ pub fn store_fault(
     }
     let log = h.service.log();
     out.verdict = check(&log);
+    out.log = Some(log.clone());
     let acquired = log.events.iter().filter(|e| e.kind == "acquired");
-    let max_before = acquired.clone().filter(|e| e.t < before).map(|e| e.fence).max();
+    let max_before = acquired
+        .clone()
+        .filter(|e| e.t < before)
+        .map(|e| e.fence)
+        .max();
     let min_after = acquired.filter(|e| e.t > after).map(|e| e.fence).min();
     match (max_before, min_after) {
         (Some(b), Some(a)) if a <= b => out.fail(format!(

@@ -92,36 +92,56 @@ impl Reporter {
     ///
     /// # Errors
     /// When the service cannot be reached.
-    pub async fn event(&mut self, kind: &str, fence: u64, t: u128, note: &str) -> Result<(), String> {
+    pub async fn event(
+        &mut self,
+        kind: &str,
+        fence: u64,
+        t: u128,
+        note: &str,
+    ) -> Result<(), String> {
         let note = note.replace(['\n', '\r'], " ");
         self.call(format!("event {} {kind} {fence} {t} {note}", self.id))
             .await
             .map(drop)
     }
 
-    /// Reports a finished critical section: its span, whether the hold was
-    /// valid throughout, and whether each of its two writes was accepted.
+    /// Reports a finished critical section.
     ///
     /// # Errors
     /// When the service cannot be reached.
-    pub async fn section(
-        &mut self,
-        fence: u64,
-        start: u128,
-        end: u128,
-        valid: bool,
-        first: bool,
-        second: bool,
-    ) -> Result<(), String> {
+    pub async fn section(&mut self, s: &SectionReport) -> Result<(), String> {
         let b = |x: bool| u8::from(x);
         self.call(format!(
-            "section {} {fence} {start} {end} {} {} {}",
+            "section {} {} {} {} {} {} {} {}",
             self.id,
-            b(valid),
-            b(first),
-            b(second)
+            s.fence,
+            s.start,
+            s.end,
+            s.last_held,
+            b(s.valid),
+            b(s.first_write),
+            b(s.second_write)
         ))
         .await
         .map(drop)
     }
+}
+
+/// What a worker reports of one critical section.
+#[derive(Clone, Copy, Debug)]
+pub struct SectionReport {
+    /// The fence of the hold.
+    pub fence: u64,
+    /// Start (wall ns).
+    pub start: u128,
+    /// End (wall ns).
+    pub end: u128,
+    /// The last instant the worker saw its hold valid.
+    pub last_held: u128,
+    /// Whether the hold was valid before and after the section.
+    pub valid: bool,
+    /// Whether the first write was accepted.
+    pub first_write: bool,
+    /// Whether the second (possibly late) write was accepted.
+    pub second_write: bool,
 }

@@ -110,7 +110,10 @@ async fn pump(mut from: OwnedReadHalf, to: OwnedWriteHalf, mode: watch::Receiver
                 Mode::Delay(d) => d,
                 _ => Duration::ZERO,
             };
-            if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+            if tx
+                .send((Instant::now() + delay, buf[..n].to_vec()))
+                .is_err()
+            {
                 return;
             }
         }

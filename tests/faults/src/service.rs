@@ -7,7 +7,8 @@
 //!   fence accepted so far (which it then becomes), else `stale`. Every
 //!   write is recorded with the instant the service decided it.
 //! - `event <worker> <kind> <fence> <t_ns> [note]` → `ok`.
-//! - `section <worker> <fence> <start_ns> <end_ns> <valid> <w1> <w2>` → `ok`.
+//! - `section <worker> <fence> <start_ns> <end_ns> <last_held_ns> <valid> <w1> <w2>`
+//!   → `ok`.
 //!
 //! Requests of one connection are handled in order and the state is behind
 //! one lock, so the resource is atomic.
@@ -43,6 +44,9 @@ pub struct Section {
     pub start: u128,
     /// End (wall ns), taken right before the validity check.
     pub end: u128,
+    /// The last instant the worker saw `is_held()` true during the section
+    /// (sampled every few milliseconds; `end` when valid at the end).
+    pub last_held: u128,
     /// Whether the hold was valid before and after (so throughout).
     pub valid: bool,
     /// Whether the first write was accepted.
@@ -186,8 +190,25 @@ fn handle(line: &str, state: &Mutex<Log>, ignore_fences: bool) -> String {
         Some("section") => {
             let f: Vec<&str> = line.split(' ').collect();
             let num = |i: usize| f.get(i).and_then(|s| s.parse::<u128>().ok());
-            let (Some(worker), Some(fence), Some(start), Some(end), Some(v), Some(w1), Some(w2)) =
-                (f.get(1), num(2), num(3), num(4), num(5), num(6), num(7))
+            let (
+                Some(worker),
+                Some(fence),
+                Some(start),
+                Some(end),
+                Some(last_held),
+                Some(v),
+                Some(w1),
+                Some(w2),
+            ) = (
+                f.get(1),
+                num(2),
+                num(3),
+                num(4),
+                num(5),
+                num(6),
+                num(7),
+                num(8),
+            )
             else {
                 return "error bad section".into();
             };
@@ -196,6 +217,7 @@ fn handle(line: &str, state: &Mutex<Log>, ignore_fences: bool) -> String {
                 fence: u64::try_from(fence).unwrap_or(u64::MAX),
                 start,
                 end,
+                last_held,
                 valid: v == 1,
                 first_write: w1 == 1,
                 second_write: w2 == 1,

@@ -132,10 +132,14 @@ fn sigstop_etcd() {
 fn checker_catches_holder_ignoring_deadline() {
     let r = fixtures::redis::start_owned().expect("redis");
     let h = harness();
-    let out = harness::holder_paused(&h, &redis(&r), true);
+    let mut out = harness::holder_paused(&h, &redis(&r), true);
+    out.unsafe_demo = true;
     out.record(&report_dir());
     assert!(
-        out.verdict.violations.iter().any(|v| v.starts_with("overlap")),
+        out.verdict
+            .violations
+            .iter()
+            .any(|v| v.starts_with("overlap")),
         "the checker missed the unsafe holder's overlap: {out:?}"
     );
 }
@@ -148,6 +152,7 @@ fn checker_catches_resource_ignoring_fences() {
     let h = Harness::new(BIN, true).expect("harness");
     let mut out = harness::holder_paused(&h, &redis(&r), false);
     out.scenario = "unfenced-resource-sigstop".into();
+    out.unsafe_demo = true;
     out.record(&report_dir());
     assert!(
         out.verdict
@@ -226,4 +231,58 @@ fn slow_etcd() {
     let e = fixtures::etcd::start_single().expect("etcd");
     let h = harness();
     conclude(&harness::slow_store(&h, &etcd(&e), LATENCY));
+}
+
+// ---- store faults during contention ----
+
+#[test]
+fn restart_redis() {
+    let mut r = fixtures::redis::start_owned().expect("redis");
+    let h = harness();
+    let t = redis(&r);
+    conclude(&harness::store_fault(&h, "store-restart", &t, || {
+        r.restart()
+    }));
+}
+
+#[test]
+fn restart_postgres() {
+    let mut pg =
+        fixtures::postgres::start(&fixtures::postgres::PgOptions::default()).expect("postgres");
+    let h = harness();
+    let t = Target {
+        backend: "postgres",
+        url: pg.url.clone(),
+        ttl: TTL,
+    };
+    conclude(&harness::store_fault(&h, "store-restart", &t, || {
+        pg.server.as_mut().ok_or("no server")?.restart_with("INT")
+    }));
+}
+
+#[test]
+fn restart_etcd() {
+    let mut e = fixtures::etcd::start_single().expect("etcd");
+    let h = harness();
+    let t = etcd(&e);
+    conclude(&harness::store_fault(&h, "store-restart", &t, || {
+        e.process.restart()
+    }));
+}
+
+/// A three-member etcd cluster loses its leader (SIGKILL) while workers
+/// that know every member contend.
+#[test]
+fn leader_kill_etcd_cluster() {
+    let mut c = fixtures::etcd::EtcdCluster::start(3).expect("etcd cluster");
+    let h = harness();
+    let t = Target {
+        backend: "etcd-3",
+        url: format!("etcd://{}", c.endpoints().join(",")),
+        ttl: ETCD_TTL,
+    };
+    conclude(&harness::store_fault(&h, "leader-kill", &t, || {
+        c.kill_leader()?;
+        c.wait_for_leader(Duration::from_secs(20)).map(drop)
+    }));
 }

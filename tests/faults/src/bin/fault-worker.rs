@@ -7,6 +7,7 @@
 //! fault-worker --url URL --key KEY --ttl-ms N --rounds N --hold-ms N
 //!              --service 127.0.0.1:PORT --id NAME
 //!              [--pause-round R] [--unsafe] [--gap-ms N] [--lock-timeout-ms N]
+//!              [--retry-ms N]
 //! ```
 //!
 //! `--pause-round R` makes the worker stop itself with SIGSTOP in round R,
@@ -19,7 +20,7 @@
 use std::time::Duration;
 
 use moltlock::LockManager;
-use moltlock_faults::{now_ns, Reporter};
+use moltlock_faults::{now_ns, Reporter, SectionReport};
 
 struct Args {
     url: String,
@@ -33,6 +34,7 @@ struct Args {
     unsafe_mode: bool,
     gap: Duration,
     lock_timeout: Duration,
+    retry: Option<Duration>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -52,7 +54,9 @@ fn parse() -> Result<Args, String> {
         get.insert(name, value);
     }
     let text = |n: &str| -> Result<String, String> {
-        get.get(n).cloned().ok_or_else(|| format!("--{n} is required"))
+        get.get(n)
+            .cloned()
+            .ok_or_else(|| format!("--{n} is required"))
     };
     let num = |n: &str, default: Option<u64>| -> Result<u64, String> {
         match (get.get(n), default) {
@@ -76,6 +80,12 @@ fn parse() -> Result<Args, String> {
         unsafe_mode,
         gap: Duration::from_millis(num("gap-ms", Some(0))?),
         lock_timeout: Duration::from_millis(num("lock-timeout-ms", Some(60_000))?),
+        retry: match get.get("retry-ms") {
+            Some(v) => Some(Duration::from_millis(
+                v.parse().map_err(|e| format!("--retry-ms: {e}"))?,
+            )),
+            None => None,
+        },
     })
 }
 
@@ -110,10 +120,11 @@ fn stop_self() -> Result<(), String> {
 async fn run(args: Args) -> Result<(), String> {
     let mut rep = Reporter::connect(&args.service, &args.id).await?;
     let backend = connect(&args.url).await?;
-    let manager = LockManager::builder_arc(backend)
-        .ttl(args.ttl)
-        .build()
-        .map_err(|e| e.to_string())?;
+    let mut builder = LockManager::builder_arc(backend).ttl(args.ttl);
+    if let Some(every) = args.retry {
+        builder = builder.retry(moltlock::RetryPolicy::Fixed(every));
+    }
+    let manager = builder.build().map_err(|e| e.to_string())?;
     let mut round = 0;
     while round < args.rounds {
         let guard = match tokio::time::timeout(args.lock_timeout, manager.lock(&args.key)).await {
@@ -140,7 +151,11 @@ async fn run(args: Args) -> Result<(), String> {
             rep.event("resumed", fence, now_ns(), "").await?;
         }
         let mut lost_seen = false;
+        // The last instant this worker saw `is_held()` true: sampled every
+        // 5 ms through the hold, so its belief can be checked against others'.
+        let mut last_held = if guard.is_held() { now_ns() } else { start };
         {
+            let mut tick = tokio::time::interval(Duration::from_millis(5));
             let lost = guard.lost();
             tokio::pin!(lost);
             let sleep = tokio::time::sleep(args.hold);
@@ -151,6 +166,11 @@ async fn run(args: Args) -> Result<(), String> {
                         lost_seen = true;
                         rep.event("lost", fence, now_ns(), &reason.to_string()).await?;
                     }
+                    _ = tick.tick() => {
+                        if guard.is_held() {
+                            last_held = now_ns();
+                        }
+                    }
                     _ = &mut sleep => break,
                 }
             }
@@ -160,15 +180,30 @@ async fn run(args: Args) -> Result<(), String> {
         let second = rep.write(fence).await?;
         let end = now_ns();
         let valid_after = guard.is_held();
+        if valid_after {
+            last_held = end;
+        }
         let valid = args.unsafe_mode || (valid_before && valid_after);
-        rep.section(fence, start, end, valid, first, second).await?;
+        if args.unsafe_mode {
+            last_held = end;
+        }
+        rep.section(&SectionReport {
+            fence,
+            start,
+            end,
+            last_held,
+            valid,
+            first_write: first,
+            second_write: second,
+        })
+        .await?;
         if !lost_seen && !valid_after {
             if let Ok(reason) = tokio::time::timeout(Duration::from_secs(1), guard.lost()).await {
-                rep.event("lost", fence, now_ns(), &reason.to_string()).await?;
+                rep.event("lost", fence, now_ns(), &reason.to_string())
+                    .await?;
             }
         }
-        let released =
-            tokio::time::timeout(args.ttl, guard.release()).await;
+        let released = tokio::time::timeout(args.ttl, guard.release()).await;
         let note = match released {
             Ok(Ok(())) => "ok".to_owned(),
             Ok(Err(e)) => e.to_string(),
