@@ -150,6 +150,8 @@ impl LockOptions {
 pub(crate) struct Registry {
     pub(crate) holds: HashMap<u64, Arc<Hold>>,
     pub(crate) driver: Option<JoinHandle<()>>,
+    /// When the driver means to look next; a new hold due later needs no wake.
+    pub(crate) scheduled: Option<Instant>,
 }
 
 pub(crate) struct Inner {
@@ -199,13 +201,18 @@ impl Inner {
         reg.holds.insert(hold.id, hold.clone());
         let running = reg.driver.as_ref().is_some_and(|h| !h.is_finished());
         if !running {
+            reg.scheduled = None;
             reg.driver = Some(tokio::spawn(crate::renew::drive(
                 Arc::downgrade(self),
                 self.wake.clone(),
             )));
         }
+        let due = hold.next_renew().min(hold.valid_until());
+        let wake = reg.scheduled.is_none_or(|at| due < at);
         drop(reg);
-        self.wake.notify_one();
+        if wake {
+            self.wake.notify_one();
+        }
         hold
     }
 }
@@ -343,7 +350,8 @@ impl LockManager {
             return self.acquire_fair(key, ttl).await.map(Some);
         }
         let backend = &self.inner.backend;
-        let mut watch = self.open_watch(key, opts).await;
+        let mut watch: Option<Box<dyn ReleaseWatch>> = None;
+        let mut watched = false;
         let mut attempt = 0u32;
         loop {
             let token = Token::random();
@@ -359,6 +367,14 @@ impl LockManager {
                     pending.disarm();
                     if opts.no_wait {
                         return Ok(None);
+                    }
+                    if !watched {
+                        // Subscribe only once the key proved busy, then try
+                        // again at once: a release between the first attempt
+                        // and the subscription is not missed.
+                        watched = true;
+                        watch = self.open_watch(key).await;
+                        continue;
                     }
                     self.pause(&mut watch, &held, attempt).await;
                 }
@@ -388,8 +404,8 @@ impl LockManager {
         Ok(self.guard(key, token, fence, ttl, sent_at))
     }
 
-    async fn open_watch(&self, key: &LockKey, opts: &LockOptions) -> Option<Box<dyn ReleaseWatch>> {
-        if opts.no_wait || !self.inner.caps.notifies_release {
+    async fn open_watch(&self, key: &LockKey) -> Option<Box<dyn ReleaseWatch>> {
+        if !self.inner.caps.notifies_release {
             return None;
         }
         match self.inner.backend.watch(key).await {

@@ -31,9 +31,11 @@ pub(crate) async fn drive(inner: Weak<Inner>, wake: Arc<Notify>) {
     }
 }
 
-/// One pass: expire overdue holds, renew the due ones in one batch. Returns
-/// when to look again, or `None` (having cleared the driver slot) when the
-/// manager holds nothing.
+/// One pass: expire overdue holds, renew the due ones in one batch. A hold
+/// due within half an interval joins the batch early, so holds acquired at
+/// scattered times settle into one batch per interval. Returns when to look
+/// again, or `None` (having cleared the driver slot) when the manager holds
+/// nothing.
 async fn round(inner: &Arc<Inner>) -> Option<Instant> {
     let holds = snapshot(inner)?;
     let now = Instant::now();
@@ -42,7 +44,7 @@ async fn round(inner: &Arc<Inner>) -> Option<Instant> {
     }
     let due: Vec<Arc<Hold>> = holds
         .into_iter()
-        .filter(|h| !h.is_lost() && h.next_renew() <= now + h.interval / 8)
+        .filter(|h| !h.is_lost() && h.next_renew() <= now + h.interval / 2)
         .collect();
     if !due.is_empty() {
         renew(inner, &due).await;
@@ -121,12 +123,15 @@ fn retry_soon(due: &[Arc<Hold>]) {
 }
 
 fn next_wake(inner: &Arc<Inner>) -> Instant {
-    let reg = inner.registry();
+    let mut reg = inner.registry();
     let now = Instant::now();
-    reg.holds
+    let next = reg
+        .holds
         .values()
         .map(|h| h.next_renew().min(h.valid_until()))
         .min()
         .unwrap_or(now + IDLE)
-        .max(now + Duration::from_millis(1))
+        .max(now + Duration::from_millis(1));
+    reg.scheduled = Some(next);
+    next
 }
