@@ -12,7 +12,7 @@
 //! a release deletes the row as long as the server's clock does not step back
 //! past the last fence handed out (the same limit as the Redis backend).
 //! Waiters poll by the retry policy, sleeping no longer than the holder's
-//! time left.
+//! time left. Renewal takes one `UPDATE` and one read per 500 holds.
 //!
 //! ```sql
 //! CREATE TABLE IF NOT EXISTS `moltlock_locks` (
@@ -21,12 +21,13 @@
 //!     expires_at DATETIME(6) NOT NULL, acquired_at DATETIME(6) NOT NULL) ENGINE=InnoDB;
 //! ```
 
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use moltlock_core::{
-    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, Token,
+    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, RenewItem, Token,
 };
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::Row;
@@ -38,7 +39,11 @@ const NAME: &str = "mysql";
 const NOW: &str = "UTC_TIMESTAMP(6)";
 const MICROS: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
 
+/// Holds renewed per statement: 500 `(key, owner)` pairs, 1,000 parameters.
+const RENEW_CHUNK: usize = 500;
+
 struct Statements {
+    table: String,
     acquire: String,
     read: String,
     renew: String,
@@ -54,6 +59,7 @@ impl Statements {
         let free = format!("expires_at <= {NOW}");
         let left = format!("TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)");
         Ok(Self {
+            table: t.clone(),
             acquire: format!(
                 "INSERT INTO {t} (lock_key, owner, fence, expires_at, acquired_at) \
                  VALUES (?, ?, {MICROS}, {NOW} + INTERVAL ? MICROSECOND, {NOW}) \
@@ -217,6 +223,49 @@ impl MySqlBackend {
     }
 }
 
+impl MySqlBackend {
+    /// Renews one chunk of holds sharing a TTL: one `UPDATE`, then one read
+    /// of which `(key, owner)` pairs are now live.
+    async fn renew_chunk(
+        &self,
+        ttl: Duration,
+        chunk: &[&RenewItem],
+    ) -> Result<Vec<bool>, sqlx::Error> {
+        let pairs = vec!["(?, ?)"; chunk.len()].join(", ");
+        let t = &self.sql.table;
+        let update = format!(
+            "UPDATE {t} SET expires_at = {NOW} + INTERVAL ? MICROSECOND \
+             WHERE expires_at > {NOW} AND (lock_key, owner) IN ({pairs})"
+        );
+        let mut query = sqlx::query(&update).bind(micros(ttl));
+        for item in chunk {
+            query = query.bind(item.key.as_str()).bind(item.token.as_str());
+        }
+        query.execute(&self.pool).await?;
+        let select =
+            format!("SELECT lock_key, owner FROM {t} WHERE expires_at > {NOW} AND (lock_key, owner) IN ({pairs})");
+        let mut query = sqlx::query(&select);
+        for item in chunk {
+            query = query.bind(item.key.as_str()).bind(item.token.as_str());
+        }
+        let mut live = HashSet::new();
+        for row in query.fetch_all(&self.pool).await? {
+            let key: Vec<u8> = row.try_get(0)?;
+            let owner: String = row.try_get(1)?;
+            live.insert((key, owner));
+        }
+        Ok(chunk
+            .iter()
+            .map(|i| {
+                live.contains(&(
+                    i.key.as_str().as_bytes().to_vec(),
+                    i.token.as_str().to_owned(),
+                ))
+            })
+            .collect())
+    }
+}
+
 /// Acquired if `new` holds the row read back, else held by whoever does.
 fn outcome(row: Option<HolderInfo>, new: &Token) -> CasOutcome {
     match row {
@@ -263,7 +312,29 @@ impl Backend for MySqlBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new().with_inspect()
+        Capabilities::new().with_inspect().with_batch_renew()
+    }
+
+    /// One `UPDATE` and one read per 500 holds of a TTL.
+    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        let mut by_ttl: BTreeMap<Duration, Vec<usize>> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            by_ttl.entry(item.ttl).or_default().push(i);
+        }
+        let mut out = vec![false; items.len()];
+        for (ttl, idx) in by_ttl {
+            for chunk in idx.chunks(RENEW_CHUNK) {
+                let holds: Vec<&RenewItem> = chunk.iter().map(|i| &items[*i]).collect();
+                let live = self
+                    .renew_chunk(ttl, &holds)
+                    .await
+                    .map_err(|e| map(NAME, e))?;
+                for (i, ok) in chunk.iter().zip(live) {
+                    out[*i] = ok;
+                }
+            }
+        }
+        Ok(out)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
