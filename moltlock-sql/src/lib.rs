@@ -9,6 +9,7 @@
 //! identifier. See each module for its DDL and its guarantees.
 
 mod config;
+mod convert;
 mod error;
 #[cfg(feature = "mysql")]
 pub mod mysql;

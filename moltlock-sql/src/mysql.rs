@@ -29,9 +29,11 @@ use async_trait::async_trait;
 use moltlock_core::{
     Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, RenewItem, Token,
 };
-use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::mysql::{MySqlPool, MySqlRow};
+use sqlx::MySql;
 use sqlx::Row;
 
+use crate::convert::{micros, pool_options};
 use crate::error::map;
 use crate::SqlConfig;
 
@@ -112,10 +114,6 @@ impl std::fmt::Debug for MySqlBackend {
     }
 }
 
-fn micros(ttl: Duration) -> i64 {
-    i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX)
-}
-
 fn info(row: &MySqlRow) -> Result<HolderInfo, sqlx::Error> {
     let left: Option<i64> = row.try_get(3)?;
     // A binary collation makes the key column read back as bytes.
@@ -146,9 +144,7 @@ impl MySqlBackend {
     /// name that is not a plain identifier.
     pub async fn with_config(cfg: SqlConfig) -> Result<Self, Error> {
         let sql = Statements::new(&cfg)?;
-        let pool = MySqlPoolOptions::new()
-            .max_connections(cfg.max_connections)
-            .acquire_timeout(cfg.acquire_timeout)
+        let pool = pool_options::<MySql>(&cfg)
             .connect(&cfg.url)
             .await
             .map_err(|e| map(NAME, e))?;

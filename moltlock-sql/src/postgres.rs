@@ -53,11 +53,13 @@ use moltlock_core::{
     Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, KeyEvents, LockKey,
     ReleaseWatch, RenewItem, Token,
 };
-use sqlx::postgres::{PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgListener, PgPool};
+use sqlx::Postgres;
 use sqlx::Row;
 use tokio::sync::OnceCell;
 use tokio::task::JoinHandle;
 
+use crate::convert::{fence, holder_info, left_ms, millis, pool_options};
 use crate::error::map;
 use crate::SqlConfig;
 
@@ -197,9 +199,7 @@ impl PostgresBackend {
     /// schema name that is not a plain identifier.
     pub async fn with_config(cfg: SqlConfig) -> Result<Self, Error> {
         let sql = Statements::new(&cfg)?;
-        let pool = PgPoolOptions::new()
-            .max_connections(cfg.max_connections)
-            .acquire_timeout(cfg.acquire_timeout)
+        let pool = pool_options::<Postgres>(&cfg)
             .connect(&cfg.url)
             .await
             .map_err(|e| map(NAME, e))?;
@@ -281,27 +281,6 @@ async fn listen(mut listener: PgListener, events: Arc<KeyEvents>) {
     }
 }
 
-fn ms(ttl: Duration) -> i64 {
-    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn fence(v: i64) -> Fence {
-    Fence(u64::try_from(v).unwrap_or(0))
-}
-
-fn left(v: Option<i64>) -> Option<Duration> {
-    v.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
-}
-
-fn holder_info(row: &PgRow) -> Result<HolderInfo, sqlx::Error> {
-    Ok(HolderInfo {
-        key: row.try_get(0)?,
-        holder: Token::from_stored(row.try_get::<String, _>(1)?),
-        fence: Some(fence(row.try_get(2)?)),
-        expires_in: left(row.try_get(3)?),
-    })
-}
-
 impl PostgresBackend {
     async fn acquire(
         &self,
@@ -312,7 +291,7 @@ impl PostgresBackend {
         let row = sqlx::query(&self.inner.sql.acquire)
             .bind(key.as_str())
             .bind(new.as_str())
-            .bind(ms(ttl))
+            .bind(millis(ttl))
             .fetch_optional(&self.inner.pool)
             .await?;
         let Some(row) = row else {
@@ -323,7 +302,7 @@ impl PostgresBackend {
         }
         Ok(CasOutcome::Held(Held {
             holder: row.try_get::<Option<String>, _>(1)?.map(Token::from_stored),
-            expires_in: left(row.try_get(2)?),
+            expires_in: left_ms(row.try_get(2)?),
             revision: None,
         }))
     }
@@ -344,7 +323,7 @@ impl PostgresBackend {
         let mut query = sqlx::query(sql)
             .bind(key.as_str())
             .bind(expected.as_str())
-            .bind(ms(ttl));
+            .bind(millis(ttl));
         if transfer {
             query = query.bind(new.as_str());
         }
@@ -446,7 +425,7 @@ impl Backend for PostgresBackend {
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
         let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
         let owners: Vec<&str> = items.iter().map(|i| i.token.as_str()).collect();
-        let ttls: Vec<i64> = items.iter().map(|i| ms(i.ttl)).collect();
+        let ttls: Vec<i64> = items.iter().map(|i| millis(i.ttl)).collect();
         let rows = sqlx::query(&self.inner.sql.renew_many)
             .bind(&keys)
             .bind(&owners)

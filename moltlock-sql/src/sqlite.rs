@@ -27,12 +27,10 @@ use async_trait::async_trait;
 use moltlock_core::{
     Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, RenewItem, Token,
 };
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
-};
-use sqlx::{Row, SqliteConnection};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqliteSynchronous};
+use sqlx::{Row, Sqlite, SqliteConnection};
 
+use crate::convert::{self, holder_info, left_ms, millis, pool_options};
 use crate::error::map;
 use crate::SqlConfig;
 
@@ -122,23 +120,6 @@ impl std::fmt::Debug for SqliteBackend {
     }
 }
 
-fn ms(ttl: Duration) -> i64 {
-    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn left(v: Option<i64>) -> Option<Duration> {
-    v.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
-}
-
-fn info(row: &SqliteRow) -> Result<HolderInfo, sqlx::Error> {
-    Ok(HolderInfo {
-        key: row.try_get(0)?,
-        holder: Token::from_stored(row.try_get::<String, _>(1)?),
-        fence: Some(Fence(u64::try_from(row.try_get::<i64, _>(2)?).unwrap_or(0))),
-        expires_in: left(row.try_get(3)?),
-    })
-}
-
 impl SqliteBackend {
     /// Opens (creating if missing) the database at `url`
     /// (`sqlite://path/to/file.db`, or a bare path).
@@ -168,9 +149,7 @@ impl SqliteBackend {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(cfg.max_connections)
-            .acquire_timeout(cfg.acquire_timeout)
+        let pool = pool_options::<Sqlite>(&cfg)
             .connect_with(opts)
             .await
             .map_err(|e| map(NAME, e))?;
@@ -213,12 +192,12 @@ impl SqliteBackend {
         let fence: Option<i64> = sqlx::query_scalar(&self.sql.acquire)
             .bind(key.as_str())
             .bind(new.as_str())
-            .bind(ms(ttl))
+            .bind(millis(ttl))
             .fetch_optional(&mut *conn)
             .await?;
         if let Some(f) = fence {
             return Ok(CasOutcome::Acquired {
-                fence: Fence(u64::try_from(f).unwrap_or(0)),
+                fence: convert::fence(f),
             });
         }
         let row = sqlx::query(&self.sql.holder)
@@ -228,7 +207,7 @@ impl SqliteBackend {
         let mut held = Held::default();
         if let Some(row) = row {
             held.holder = Some(Token::from_stored(row.try_get::<String, _>(0)?));
-            held.expires_in = left(row.try_get(1)?);
+            held.expires_in = left_ms(row.try_get(1)?);
         }
         Ok(CasOutcome::Held(held))
     }
@@ -250,14 +229,14 @@ impl SqliteBackend {
         let mut query = sqlx::query_scalar(sql)
             .bind(key.as_str())
             .bind(expected.as_str())
-            .bind(ms(ttl));
+            .bind(millis(ttl));
         if transfer {
             query = query.bind(new.as_str());
         }
         let fence: Option<i64> = query.fetch_optional(&mut *conn).await?;
         Ok(match fence {
             Some(f) => CasOutcome::Acquired {
-                fence: Fence(u64::try_from(f).unwrap_or(0)),
+                fence: convert::fence(f),
             },
             None => CasOutcome::Held(Held::default()),
         })
@@ -323,7 +302,7 @@ impl SqliteBackend {
             let fence: Option<i64> = sqlx::query_scalar(&self.sql.renew)
                 .bind(item.key.as_str())
                 .bind(item.token.as_str())
-                .bind(ms(item.ttl))
+                .bind(millis(item.ttl))
                 .fetch_optional(&mut *tx)
                 .await?;
             out.push(fence.is_some());
@@ -369,7 +348,9 @@ impl Backend for SqliteBackend {
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| map(NAME, e))?;
-        row.map(|r| info(&r)).transpose().map_err(|e| map(NAME, e))
+        row.map(|r| holder_info(&r))
+            .transpose()
+            .map_err(|e| map(NAME, e))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
@@ -379,7 +360,7 @@ impl Backend for SqliteBackend {
             .await
             .map_err(|e| map(NAME, e))?;
         rows.iter()
-            .map(info)
+            .map(holder_info)
             .collect::<Result<_, _>>()
             .map_err(|e| map(NAME, e))
     }
