@@ -126,6 +126,14 @@ impl RedisBackend {
             .map_or_else(|| "0".to_owned(), millis)
     }
 
+    /// The restart quarantine argument of the acquire script (ms; 0: off).
+    fn quarantine(&self) -> String {
+        self.inner
+            .cfg
+            .restart_quarantine()
+            .map_or_else(|| "0".to_owned(), millis)
+    }
+
     fn check(&self, key: &LockKey, ttl: Duration) -> Result<(), Error> {
         key.check_len(CAPABILITIES.max_key_len)?;
         check_ttl(ttl, CAPABILITIES.min_ttl)
@@ -240,7 +248,9 @@ fn outcome(reply: CasReply) -> Result<CasOutcome, Error> {
 impl Backend for RedisBackend {
     /// One script, one round trip: takes a free key and advances its fence
     /// (`expected == None`), renews it (`expected == Some(new)`), or hands
-    /// it over. A failed attempt reports the holder and its PTTL.
+    /// it over. A failed attempt reports the holder and its PTTL; a key in
+    /// restart quarantine is reported held with no holder and the
+    /// quarantine's PTTL.
     ///
     /// Cancel safe in the manager's sense: a dropped call may still land;
     /// the manager then deletes the hold by its token.
@@ -258,7 +268,9 @@ impl Backend for RedisBackend {
         let keep = self.keep();
         let reply: CasReply = match expected {
             None => {
-                let args = [new.as_str(), &ttl, &keep];
+                let quarantine = layout.quarantine(key);
+                let keys = [lock.as_str(), fence.as_str(), quarantine.as_str()];
+                let args = [new.as_str(), &ttl, &keep, &self.quarantine()];
                 self.script(&ACQUIRE, &keys, &args).await?
             }
             Some(old) => {

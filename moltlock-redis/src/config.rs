@@ -79,6 +79,7 @@ pub struct RedisConfig {
     pub(crate) command_timeout: Duration,
     pub(crate) tls_files: TlsFiles,
     pub(crate) fence_retention: Option<Duration>,
+    pub(crate) restart_quarantine: Option<Duration>,
 }
 
 impl RedisConfig {
@@ -97,8 +98,8 @@ impl RedisConfig {
     ///   by the host given and any `node=host:port` query parameters.
     ///
     /// Query parameters: `key_prefix`, `connect_timeout_ms`,
-    /// `command_timeout_ms`, `fence_retention_ms`, `node` (cluster seeds,
-    /// repeatable).
+    /// `command_timeout_ms`, `fence_retention_ms`, `restart_quarantine_ms`,
+    /// `node` (cluster seeds, repeatable).
     ///
     /// # Errors
     /// [`Error::Config`] for an unparsable URL, an unknown scheme or
@@ -131,6 +132,12 @@ impl RedisConfig {
     pub fn fence_retention(&self) -> Option<Duration> {
         self.fence_retention
     }
+
+    /// The restart quarantine (`None`: off); see
+    /// [`RedisConfigBuilder::restart_quarantine`].
+    pub fn restart_quarantine(&self) -> Option<Duration> {
+        self.restart_quarantine
+    }
 }
 
 /// Builds a [`RedisConfig`]; every setter has a default.
@@ -155,6 +162,7 @@ impl Default for RedisConfigBuilder {
                 command_timeout: DEFAULT_COMMAND_TIMEOUT,
                 tls_files: TlsFiles::default(),
                 fence_retention: None,
+                restart_quarantine: None,
             },
             explicit_nodes: false,
         }
@@ -244,6 +252,32 @@ impl RedisConfigBuilder {
         self
     }
 
+    /// Turns on the restart quarantine: a key the server has no history for
+    /// (its fence key is missing) is not granted until `quarantine` has
+    /// passed since the first attempt to take it. Set it to at least the
+    /// longest TTL any client uses on these keys — your TTL.
+    ///
+    /// Why: Redis without persistence loses every key on a restart, and
+    /// a lost lock key looks free. Without the quarantine a client can take
+    /// the key at once while the old holder still believes it holds it,
+    /// until its next renewal is refused (up to a third of the TTL later);
+    /// fences stay monotonic, so a fenced resource refuses the old holder's
+    /// late writes, but two processes believe they hold the lock at once.
+    /// With the quarantine no one is granted the key for `quarantine` after
+    /// the loss, while the old holder's renewals are refused and its
+    /// `lost()` fires, so the two beliefs never overlap.
+    ///
+    /// Off by default because it costs a wait wherever the server has no
+    /// history: the first acquisition of every key — including the very
+    /// first use of a key on a fresh server, and any key whose fence key
+    /// expired under [`fence_retention`](Self::fence_retention) — waits the
+    /// quarantine. A quarantine set by any client is honoured by every
+    /// client, whatever its own setting.
+    pub fn restart_quarantine(mut self, quarantine: Duration) -> Self {
+        self.cfg.restart_quarantine = Some(quarantine);
+        self
+    }
+
     /// Takes every setting a URL gives (see [`RedisConfig::from_url`]).
     ///
     /// # Errors
@@ -296,6 +330,7 @@ impl RedisConfigBuilder {
             "connect_timeout_ms" => Ok(self.connect_timeout(millis(name, value)?)),
             "command_timeout_ms" => Ok(self.command_timeout(millis(name, value)?)),
             "fence_retention_ms" => Ok(self.fence_retention(millis(name, value)?)),
+            "restart_quarantine_ms" => Ok(self.restart_quarantine(millis(name, value)?)),
             "node" => {
                 let (host, port) = value
                     .rsplit_once(':')
@@ -313,8 +348,8 @@ impl RedisConfigBuilder {
     ///
     /// # Errors
     /// [`Error::Config`] for a prefix with `{`, `}` or control characters,
-    /// no nodes, a zero timeout or fence retention, a negative database, or a database other
-    /// than 0 in cluster mode.
+    /// no nodes, a zero timeout, fence retention or restart quarantine, a
+    /// negative database, or a database other than 0 in cluster mode.
     pub fn build(self) -> Result<RedisConfig, Error> {
         let cfg = self.cfg;
         if cfg
@@ -329,9 +364,15 @@ impl RedisConfigBuilder {
         if cfg.nodes.is_empty() {
             return Err(bad("no Redis node given"));
         }
-        let zero_retention = cfg.fence_retention.is_some_and(|r| r.as_millis() == 0);
-        if cfg.connect_timeout.is_zero() || cfg.command_timeout.is_zero() || zero_retention {
-            return Err(bad("timeouts and fence retention must be at least 1 ms"));
+        let under_1ms = |d: Option<Duration>| d.is_some_and(|d| d.as_millis() == 0);
+        if cfg.connect_timeout.is_zero()
+            || cfg.command_timeout.is_zero()
+            || under_1ms(cfg.fence_retention)
+            || under_1ms(cfg.restart_quarantine)
+        {
+            return Err(bad(
+                "timeouts, fence retention and restart quarantine must be at least 1 ms",
+            ));
         }
         if cfg.database < 0 || (cfg.mode == Mode::Cluster && cfg.database != 0) {
             return Err(bad("the database must be >= 0, and 0 in cluster mode"));
@@ -395,6 +436,21 @@ mod tests {
     }
 
     #[test]
+    fn restart_quarantine_is_off_unless_asked() -> Result<(), Error> {
+        assert_eq!(
+            RedisConfig::from_url("redis://127.0.0.1")?.restart_quarantine(),
+            None
+        );
+        let cfg = RedisConfig::from_url("redis://127.0.0.1/?restart_quarantine_ms=30000")?;
+        assert_eq!(cfg.restart_quarantine(), Some(Duration::from_secs(30)));
+        let built = RedisConfig::builder()
+            .restart_quarantine(Duration::from_secs(2))
+            .build()?;
+        assert_eq!(built.restart_quarantine(), Some(Duration::from_secs(2)));
+        Ok(())
+    }
+
+    #[test]
     fn cluster_url_with_seeds() -> Result<(), Error> {
         let cfg = RedisConfig::from_url("redis+cluster://127.0.0.1:7000/?node=127.0.0.1:7001")?;
         assert_eq!(cfg.mode, Mode::Cluster);
@@ -412,6 +468,8 @@ mod tests {
             "redis://127.0.0.1/?nope=1",
             "redis://127.0.0.1/?key_prefix=a{b",
             "redis+cluster://127.0.0.1/2",
+            "redis://127.0.0.1/?restart_quarantine_ms=0",
+            "redis://127.0.0.1/?restart_quarantine_ms=2s",
         ] {
             assert!(
                 matches!(RedisConfig::from_url(url), Err(Error::Config(_))),

@@ -27,17 +27,40 @@ else
 end
 ";
 
-/// `KEYS`: lock, fence. `ARGV`: token, ttl ms, fence retention ms (0:
-/// forever). Takes a free key (SET NX PX
-/// in effect) and advances the fence; or reports the holder and its PTTL.
-/// Reply: `{1, fence, 0}` or `{0, holder, pttl}`.
+/// `KEYS`: lock, fence, quarantine. `ARGV`: token, ttl ms, fence retention
+/// ms (0: forever), restart quarantine ms (0: off). Takes a free key (SET NX
+/// PX in effect) and advances the fence; or reports the holder and its PTTL.
+///
+/// A live quarantine key is honoured whatever this client's setting: the key
+/// is reported held (no holder) for the quarantine's PTTL. With the
+/// quarantine on, a free key whose fence key is missing — the server has no
+/// history for it: a fresh key, or data lost to a restart without
+/// persistence, a flush or an expired fence retention — is not granted:
+/// the fence is advanced (so fences stay monotonic), the quarantine key is
+/// set for the quarantine, and the key is reported held for that long. The
+/// fence key then outlives the quarantine, so the grant after it finds the
+/// history and goes through.
+///
+/// Reply: `{1, fence, 0}` or `{0, holder or false, pttl}`.
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r"
-local ttl, keep = tonumber(ARGV[2]), tonumber(ARGV[3])
+local ttl, keep, q = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local cur = redis.call('GET', KEYS[1])
 if cur then
   return {{0, cur, redis.call('PTTL', KEYS[1])}}
+end
+local left = redis.call('PTTL', KEYS[3])
+if left ~= -2 then
+  return {{0, false, left}}
+end
+if q > 0 and not redis.call('GET', KEYS[2]) then
+  {ADVANCE_FENCE}
+  redis.call('SET', KEYS[3], '1', 'PX', q)
+  if keep > 0 then
+    redis.call('PEXPIRE', KEYS[2], math.max(keep, ttl) + q)
+  end
+  return {{0, false, q}}
 end
 {ADVANCE_FENCE}
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
@@ -51,6 +74,12 @@ return {{1, text, 0}}
 /// holds the key: renews it (compare-and-PEXPIRE, same fence) if `new` is
 /// `expected`, else hands it to `new` with a new fence. Same reply as
 /// [`ACQUIRE`].
+///
+/// Never creates a lock key that is gone: a renewal of a vanished hold (as
+/// after a restart without persistence) is refused, so the holder learns of
+/// the loss. A hand-over needs `expected` to hold the key on the server, so
+/// the server has not lost it; the restart quarantine has nothing to guard
+/// there (and no quarantine key can coexist with a lock key).
 pub(crate) static SWAP: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r"

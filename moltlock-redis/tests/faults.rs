@@ -241,3 +241,132 @@ async fn pubsub_reconnects_after_being_dropped() -> TestResult {
     g.release().await?;
     Ok(())
 }
+
+fn quarantined(url: &str, quarantine: Duration) -> Result<RedisConfig, Error> {
+    RedisConfig::builder()
+        .url(url)?
+        .connect_timeout(Duration::from_millis(500))
+        .command_timeout(Duration::from_millis(500))
+        .restart_quarantine(quarantine)
+        .build()
+}
+
+/// With the restart quarantine on, a key the server has no history for is
+/// reported held (no holder, the quarantine's time left) and granted only
+/// once the quarantine is over; the marker is no holder for `inspect` or
+/// `list`; once the key has a history it is granted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quarantine_delays_a_key_without_history() -> TestResult {
+    let redis = fx::start_owned()?;
+    let quarantine = Duration::from_secs(2);
+    let backend = RedisBackend::connect(quarantined(&redis.url(), quarantine)?).await?;
+    let key = LockKey::new("fresh/q")?;
+    let ttl = Duration::from_secs(2);
+    let started = Instant::now();
+    match backend.cas(&key, None, &Token::random(), ttl).await? {
+        moltlock_core::CasOutcome::Held(held) => {
+            assert_eq!(held.holder, None);
+            let left = held.expires_in.ok_or("no time left reported")?;
+            assert!(
+                left > Duration::from_millis(1500) && left <= quarantine,
+                "{left:?}"
+            );
+        }
+        other => return Err(format!("a fresh key was granted: {other:?}").into()),
+    }
+    assert!(backend.inspect(&key).await?.is_none());
+    assert!(backend.list("fresh/").await?.is_empty());
+    let client = redis::Client::open(redis.url())?;
+    let mut raw = client.get_multiplexed_async_connection().await?;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("moltlock:{fresh/q}:q")
+        .query_async(&mut raw)
+        .await?;
+    assert!(pttl > 1500 && pttl <= 2000, "quarantine key PTTL {pttl}");
+
+    let manager = LockManager::builder(backend.clone()).ttl(ttl).build()?;
+    let g = manager.lock("fresh/q").await?;
+    let waited = started.elapsed();
+    println!("fresh key granted after {waited:?}");
+    assert!(waited >= Duration::from_millis(1950), "{waited:?}");
+    assert!(waited < Duration::from_millis(3500), "{waited:?}");
+    let listed = backend.list("fresh/").await?;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].key, "fresh/q");
+    let first = g.fence();
+    g.release().await?;
+
+    // The key has a history now: no more waiting.
+    let again = Instant::now();
+    let g = manager.lock("fresh/q").await?;
+    assert!(
+        again.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        again.elapsed()
+    );
+    assert!(g.fence() > first);
+    g.release().await?;
+    Ok(())
+}
+
+/// With the quarantine set to the TTL, a Redis restart without persistence
+/// leaves no window: the old holder's `lost()` fires before any client —
+/// one connecting after the restart included — is granted the key, and
+/// the next fence is greater.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quarantine_closes_the_restart_window() -> TestResult {
+    let mut redis = fx::start_owned()?;
+    let ttl = Duration::from_secs(2);
+    let cfg = quarantined(&redis.url(), ttl)?;
+    let holder = LockManager::builder(RedisBackend::connect(cfg.clone()).await?)
+        .ttl(ttl)
+        .build()?;
+    let g = holder.lock("restart/q").await?;
+    let before = g.fence();
+    assert!(g.is_held());
+
+    redis.restart()?;
+    let restarted = Instant::now();
+    // A client that connects after the restart tries to take the key at once.
+    let newcomer = tokio::spawn(async move {
+        let backend = loop {
+            match RedisBackend::connect(cfg.clone()).await {
+                Ok(b) => break b,
+                Err(e) if e.is_retryable() => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let manager = LockManager::builder(backend)
+            .ttl(ttl)
+            .retry(moltlock_core::RetryPolicy::Fixed(Duration::from_millis(25)))
+            .build()?;
+        let g = manager.lock("restart/q").await?;
+        Ok::<_, Error>((Instant::now(), g))
+    });
+
+    let reason = tokio::time::timeout(ttl * 2, g.lost())
+        .await
+        .map_err(|_| "the old holder never learned of the loss")?;
+    let lost_at = Instant::now();
+    assert!(!g.is_held());
+    let (granted_at, g2) = tokio::time::timeout(Duration::from_secs(20), newcomer).await???;
+    println!(
+        "old holder lost ({reason}) {:?} after the restart; newcomer granted {:?} after it",
+        lost_at - restarted,
+        granted_at - restarted
+    );
+    assert!(
+        lost_at < granted_at,
+        "the newcomer was granted the key before the old holder learned of the loss"
+    );
+    assert!(
+        granted_at - restarted >= ttl - Duration::from_millis(100),
+        "granted {:?} after the restart, within the quarantine",
+        granted_at - restarted
+    );
+    assert!(g2.fence() > before, "{} after {}", g2.fence(), before);
+    g2.release().await?;
+    Ok(())
+}
