@@ -1,4 +1,5 @@
 //! `moltlock run` end to end: real processes, real stores.
+#![allow(clippy::unwrap_used)] // helpers shared by the tests below unwrap like the tests do
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
