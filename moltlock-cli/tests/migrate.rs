@@ -1,4 +1,5 @@
 //! A rolling migration from Redis to etcd: workers in adjacent phases share
+#![allow(clippy::unwrap_used)] // helpers shared by the tests below unwrap like the tests do
 //! a key with no overlap and fences that never go backwards; workers two
 //! phases apart (old and new) overlap, which is why phases must be adjacent.
 

@@ -1,4 +1,5 @@
 //! `connect` reaches every store this build has, through its URL; a store
+#![allow(clippy::unwrap_used, clippy::expect_used)] // helpers shared by the tests below unwrap like the tests do
 //! whose feature is off gives an error naming that feature.
 
 use moltlock::{connect, Error, Store};
