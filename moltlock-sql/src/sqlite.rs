@@ -35,6 +35,8 @@ use crate::error::map;
 use crate::SqlConfig;
 
 const NAME: &str = "sqlite";
+/// How long a statement waits for another process's write lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Milliseconds since the epoch by SQLite's clock.
 const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
 
@@ -137,7 +139,22 @@ impl SqliteBackend {
     /// As [`connect`](Self::connect), plus [`Error::Config`] for a table
     /// name that is not a plain identifier.
     pub async fn with_config(cfg: SqlConfig) -> Result<Self, Error> {
-        let sql = Statements::new(&cfg)?;
+        // Processes opening a new file at once can find it locked while one
+        // of them switches it to WAL or creates the tables: try again for as
+        // long as the busy timeout would have waited.
+        let until = tokio::time::Instant::now() + BUSY_TIMEOUT;
+        loop {
+            match Self::open(&cfg).await {
+                Err(e) if e.is_retryable() && tokio::time::Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn open(cfg: &SqlConfig) -> Result<Self, Error> {
+        let sql = Statements::new(cfg)?;
         let url = if cfg.url.starts_with("sqlite:") {
             cfg.url.clone()
         } else {
@@ -148,8 +165,8 @@ impl SqliteBackend {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(10));
-        let pool = pool_options::<Sqlite>(&cfg)
+            .busy_timeout(BUSY_TIMEOUT);
+        let pool = pool_options::<Sqlite>(cfg)
             .connect_with(opts)
             .await
             .map_err(|e| map(NAME, e))?;
