@@ -188,6 +188,15 @@ impl Harness {
         }
     }
 
+    /// Starts a worker process and adds it to `workers`.
+    ///
+    /// # Errors
+    /// When it cannot be spawned.
+    pub fn spawn_into(&self, spec: &Spec, workers: &mut Vec<Worker>) -> Result<(), String> {
+        workers.push(self.spawn(spec)?);
+        Ok(())
+    }
+
     /// Starts a worker process.
     ///
     /// # Errors
@@ -460,12 +469,12 @@ pub fn holder_killed(h: &Harness, target: &Target) -> Outcome {
     let hold = Duration::from_millis(400);
     let mut workers = Vec::new();
     for i in 0..3 {
-        match h.spawn(&Spec::new(&format!("w{i}"), target, &key, 4, hold)) {
-            Ok(w) => workers.push(w),
-            Err(e) => {
-                out.fail(e);
-                return out;
-            }
+        if let Err(e) = h.spawn_into(
+            &Spec::new(&format!("w{i}"), target, &key, 4, hold),
+            &mut workers,
+        ) {
+            out.fail(e);
+            return out;
         }
     }
     let Some(first) = h.wait_event(Duration::from_secs(30), |e| e.kind == "acquired") else {
@@ -524,30 +533,27 @@ pub fn holder_paused(h: &Harness, target: &Target, unsafe_holder: bool) -> Outco
     victim.pause_round = Some(0);
     victim.unsafe_mode = unsafe_holder;
     let mut workers = Vec::new();
-    match h.spawn(&victim) {
-        Ok(w) => workers.push(w),
-        Err(e) => {
-            out.fail(e);
-            return out;
-        }
+    if let Err(e) = h.spawn_into(&victim, &mut workers) {
+        out.fail(e);
+        return out;
     }
     let Some(paused) = h.wait_event(Duration::from_secs(30), |e| e.kind == "pausing") else {
         out.fail("the victim never reached its pause point");
         return out;
     };
     for i in 0..2 {
-        match h.spawn(&Spec::new(
-            &format!("w{i}"),
-            target,
-            &key,
-            3,
-            Duration::from_millis(300),
-        )) {
-            Ok(w) => workers.push(w),
-            Err(e) => {
-                out.fail(e);
-                return out;
-            }
+        if let Err(e) = h.spawn_into(
+            &Spec::new(
+                &format!("w{i}"),
+                target,
+                &key,
+                3,
+                Duration::from_millis(300),
+            ),
+            &mut workers,
+        ) {
+            out.fail(e);
+            return out;
         }
     }
     let bound = target.ttl + HANDOFF;
@@ -647,30 +653,27 @@ pub fn connection_cut(h: &Harness, target: &Target, mode: Mode) -> Outcome {
     let mut victim = Spec::new("cut", target, &key, 1, target.ttl * 4);
     victim.url = via(&target.url, port);
     let mut workers = Vec::new();
-    match h.spawn(&victim) {
-        Ok(w) => workers.push(w),
-        Err(e) => {
-            out.fail(e);
-            return out;
-        }
+    if let Err(e) = h.spawn_into(&victim, &mut workers) {
+        out.fail(e);
+        return out;
     }
     let Some(held) = h.wait_event(Duration::from_secs(30), |e| e.kind == "acquired") else {
         out.fail("the victim never acquired");
         return out;
     };
     for i in 0..2 {
-        match h.spawn(&Spec::new(
-            &format!("w{i}"),
-            target,
-            &key,
-            2,
-            Duration::from_millis(200),
-        )) {
-            Ok(w) => workers.push(w),
-            Err(e) => {
-                out.fail(e);
-                return out;
-            }
+        if let Err(e) = h.spawn_into(
+            &Spec::new(
+                &format!("w{i}"),
+                target,
+                &key,
+                2,
+                Duration::from_millis(200),
+            ),
+            &mut workers,
+        ) {
+            out.fail(e);
+            return out;
         }
     }
     std::thread::sleep(target.ttl / 2);
@@ -740,12 +743,9 @@ pub fn slow_store(h: &Harness, target: &Target, delay: Duration) -> Outcome {
     for i in 0..3 {
         let mut spec = Spec::new(&format!("w{i}"), target, &key, 2, hold);
         spec.url = via(&target.url, port);
-        match h.spawn(&spec) {
-            Ok(w) => workers.push(w),
-            Err(e) => {
-                out.fail(e);
-                return out;
-            }
+        if let Err(e) = h.spawn_into(&spec, &mut workers) {
+            out.fail(e);
+            return out;
         }
     }
     if let Err(e) = h.finish(&mut workers, Duration::from_secs(90)) {
@@ -788,12 +788,9 @@ pub fn store_fault(
     for i in 0..3 {
         let mut spec = Spec::new(&format!("w{i}"), target, &key, 3, target.ttl.mul_f64(0.4));
         spec.retry = Some(Duration::from_millis(25));
-        match h.spawn(&spec) {
-            Ok(w) => workers.push(w),
-            Err(e) => {
-                out.fail(e);
-                return out;
-            }
+        if let Err(e) = h.spawn_into(&spec, &mut workers) {
+            out.fail(e);
+            return out;
         }
     }
     if !h.wait_log(Duration::from_secs(30), |l| l.sections.len() >= 2) {
