@@ -350,8 +350,15 @@ impl LockManager {
             return self.acquire_fair(key, ttl).await.map(Some);
         }
         let backend = &self.inner.backend;
-        let mut watch: Option<Box<dyn ReleaseWatch>> = None;
-        let mut watched = false;
+        // Subscribe before the first attempt, so a release between a failed
+        // attempt and the wait is never missed and a busy key costs no extra
+        // round trip. Backends register watches locally (the store-side
+        // subscription is shared per backend), so this is cheap.
+        let mut watch = if opts.no_wait {
+            None
+        } else {
+            self.open_watch(key).await
+        };
         let mut attempt = 0u32;
         loop {
             let token = Token::random();
@@ -367,14 +374,6 @@ impl LockManager {
                     pending.disarm();
                     if opts.no_wait {
                         return Ok(None);
-                    }
-                    if !watched {
-                        // Subscribe only once the key proved busy, then try
-                        // again at once: a release between the first attempt
-                        // and the subscription is not missed.
-                        watched = true;
-                        watch = self.open_watch(key).await;
-                        continue;
                     }
                     self.pause(&mut watch, &held, attempt).await;
                 }
