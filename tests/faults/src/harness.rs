@@ -197,6 +197,29 @@ impl Harness {
         Ok(())
     }
 
+    /// Starts `count` plain workers `w0`, `w1`, … on `key`, each doing
+    /// `rounds` sections of `hold`, and adds them to `workers`.
+    ///
+    /// # Errors
+    /// When one cannot be spawned.
+    pub fn spawn_peers(
+        &self,
+        target: &Target,
+        key: &str,
+        count: usize,
+        rounds: u32,
+        hold: Duration,
+        workers: &mut Vec<Worker>,
+    ) -> Result<(), String> {
+        for i in 0..count {
+            self.spawn_into(
+                &Spec::new(&format!("w{i}"), target, key, rounds, hold),
+                workers,
+            )?;
+        }
+        Ok(())
+    }
+
     /// Starts a worker process.
     ///
     /// # Errors
@@ -468,14 +491,9 @@ pub fn holder_killed(h: &Harness, target: &Target) -> Outcome {
     let key = key("sigkill");
     let hold = Duration::from_millis(400);
     let mut workers = Vec::new();
-    for i in 0..3 {
-        if let Err(e) = h.spawn_into(
-            &Spec::new(&format!("w{i}"), target, &key, 4, hold),
-            &mut workers,
-        ) {
-            out.fail(e);
-            return out;
-        }
+    if let Err(e) = h.spawn_peers(target, &key, 3, 4, hold, &mut workers) {
+        out.fail(e);
+        return out;
     }
     let Some(first) = h.wait_event(Duration::from_secs(30), |e| e.kind == "acquired") else {
         out.fail("nobody acquired the key within 30 s");
@@ -541,20 +559,9 @@ pub fn holder_paused(h: &Harness, target: &Target, unsafe_holder: bool) -> Outco
         out.fail("the victim never reached its pause point");
         return out;
     };
-    for i in 0..2 {
-        if let Err(e) = h.spawn_into(
-            &Spec::new(
-                &format!("w{i}"),
-                target,
-                &key,
-                3,
-                Duration::from_millis(300),
-            ),
-            &mut workers,
-        ) {
-            out.fail(e);
-            return out;
-        }
+    if let Err(e) = h.spawn_peers(target, &key, 2, 3, Duration::from_millis(300), &mut workers) {
+        out.fail(e);
+        return out;
     }
     let bound = target.ttl + HANDOFF;
     match h.wait_event(
@@ -661,20 +668,9 @@ pub fn connection_cut(h: &Harness, target: &Target, mode: Mode) -> Outcome {
         out.fail("the victim never acquired");
         return out;
     };
-    for i in 0..2 {
-        if let Err(e) = h.spawn_into(
-            &Spec::new(
-                &format!("w{i}"),
-                target,
-                &key,
-                2,
-                Duration::from_millis(200),
-            ),
-            &mut workers,
-        ) {
-            out.fail(e);
-            return out;
-        }
+    if let Err(e) = h.spawn_peers(target, &key, 2, 2, Duration::from_millis(200), &mut workers) {
+        out.fail(e);
+        return out;
     }
     std::thread::sleep(target.ttl / 2);
     let cut_at = now_ns();
