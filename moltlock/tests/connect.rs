@@ -53,49 +53,9 @@ async fn redis_url() {
 #[cfg(feature = "etcd")]
 #[tokio::test]
 async fn etcd_url() {
-    let dir = tempfile::tempdir().unwrap();
-    let (port, peer) = (free_port(), free_port());
-    let arg = |p: u16| format!("http://127.0.0.1:{p}");
-    let mut child = std::process::Command::new("etcd")
-        .args(["--data-dir", &dir.path().display().to_string()])
-        .args([
-            "--listen-client-urls",
-            &arg(port),
-            "--advertise-client-urls",
-            &arg(port),
-        ])
-        .args([
-            "--listen-peer-urls",
-            &arg(peer),
-            "--initial-advertise-peer-urls",
-            &arg(peer),
-        ])
-        .args(["--initial-cluster", &format!("default={}", arg(peer))])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("etcd must be installed (scripts/install-deps.sh installs it)");
-    wait_port(port);
-    lock_once(&format!("etcd://127.0.0.1:{port}"), "etcd").await;
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
-#[cfg(feature = "etcd")]
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
-#[cfg(feature = "etcd")]
-fn wait_port(port: u16) {
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    panic!("etcd did not listen on {port}");
+    let etcd =
+        moltlock_conformance::fixtures::etcd::start_single().unwrap_or_else(|e| panic!("{e}"));
+    lock_once(&format!("etcd://{}", etcd.endpoint()), "etcd").await;
 }
 
 /// In a build without some backends (e.g. the default, SQLite only), their
