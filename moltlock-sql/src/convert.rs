@@ -1,8 +1,9 @@
 //! Conversions and pool settings the SQL backends share.
 
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use moltlock_core::{Fence, HolderInfo, Token};
+use moltlock_core::{Fence, HolderInfo, RenewItem, Token};
 use sqlx::{ColumnIndex, Database, Decode, Row, Type};
 
 use crate::SqlConfig;
@@ -53,4 +54,43 @@ where
         fence: Some(fence(row.try_get(2)?)),
         expires_in: left_ms(row.try_get(3)?),
     })
+}
+
+/// The indexes of `items`, grouped by TTL and cut into runs of at most
+/// `chunk`, so each run can be renewed by one statement.
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn ttl_chunks(items: &[RenewItem], chunk: usize) -> Vec<(Duration, Vec<usize>)> {
+    let mut by_ttl: BTreeMap<Duration, Vec<usize>> = BTreeMap::new();
+    for (i, item) in items.iter().enumerate() {
+        by_ttl.entry(item.ttl).or_default().push(i);
+    }
+    by_ttl
+        .into_iter()
+        .flat_map(|(ttl, idx)| {
+            idx.chunks(chunk.max(1))
+                .map(|c| (ttl, c.to_vec()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// `(?, ?), (?, ?), …`: `n` placeholder pairs for `(key, owner)` values.
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn pair_placeholders(n: usize) -> String {
+    vec!["(?, ?)"; n].join(", ")
+}
+
+/// Marks in `out` which holds of `idx` are among the `(key, owner)` pairs a
+/// renewal statement reported live.
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn mark_live(
+    items: &[RenewItem],
+    idx: &[usize],
+    live: &HashSet<(String, String)>,
+    out: &mut [bool],
+) {
+    for &i in idx {
+        let item = &items[i];
+        out[i] = live.contains(&(item.key.as_str().to_owned(), item.token.as_str().to_owned()));
+    }
 }

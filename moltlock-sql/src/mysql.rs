@@ -3,8 +3,14 @@
 //!
 //! Each column's update is guarded by `expires_at <= UTC_TIMESTAMP(6)`, and
 //! `expires_at` is assigned last, so the guard reads the old value for every
-//! column. A follow-up read by key tells whether our token won. Times are
-//! stored in UTC whatever the session time zone.
+//! column. Times are stored in UTC whatever the session time zone.
+//!
+//! Every write reports its outcome in the server's reply, with no read
+//! back: the statement passes the fence it wrote through `LAST_INSERT_ID(…)`,
+//! whose argument the server returns as the statement's insert id. An insert
+//! sets it to the new fence; an update that finds the key held sets it to
+//! `0`, so an acquisition is one round trip, and only a refused one reads
+//! who holds the key.
 //!
 //! Fences: MySQL has no sequences, so the fence of a hold is
 //! `max(previous fence of the key + 1, server time in microseconds)`. It is
@@ -21,7 +27,7 @@
 //!     expires_at DATETIME(6) NOT NULL, acquired_at DATETIME(6) NOT NULL) ENGINE=InnoDB;
 //! ```
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +39,7 @@ use sqlx::mysql::{MySqlPool, MySqlRow};
 use sqlx::MySql;
 use sqlx::Row;
 
-use crate::convert::{micros, pool_options};
+use crate::convert::{mark_live, micros, pair_placeholders, pool_options, ttl_chunks};
 use crate::error::map;
 use crate::SqlConfig;
 
@@ -64,10 +70,11 @@ impl Statements {
             table: t.clone(),
             acquire: format!(
                 "INSERT INTO {t} (lock_key, owner, fence, expires_at, acquired_at) \
-                 VALUES (?, ?, {MICROS}, {NOW} + INTERVAL ? MICROSECOND, {NOW}) \
+                 VALUES (?, ?, LAST_INSERT_ID({MICROS}), {NOW} + INTERVAL ? MICROSECOND, {NOW}) \
                  ON DUPLICATE KEY UPDATE \
                  owner = IF({free}, VALUES(owner), owner), \
-                 fence = IF({free}, GREATEST(fence + 1, VALUES(fence)), fence), \
+                 fence = IF({free}, LAST_INSERT_ID(GREATEST(fence + 1, VALUES(fence))), \
+                 fence + LAST_INSERT_ID(0)), \
                  acquired_at = IF({free}, VALUES(acquired_at), acquired_at), \
                  expires_at = IF({free}, VALUES(expires_at), expires_at)"
             ),
@@ -76,11 +83,13 @@ impl Statements {
                  WHERE lock_key = ? AND expires_at > {NOW}"
             ),
             renew: format!(
-                "UPDATE {t} SET expires_at = {NOW} + INTERVAL ? MICROSECOND \
+                "UPDATE {t} SET fence = LAST_INSERT_ID(fence), \
+                 expires_at = {NOW} + INTERVAL ? MICROSECOND \
                  WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
             ),
             transfer: format!(
-                "UPDATE {t} SET fence = GREATEST(fence + 1, {MICROS}), owner = ?, acquired_at = {NOW}, \
+                "UPDATE {t} SET fence = LAST_INSERT_ID(GREATEST(fence + 1, {MICROS})), owner = ?, \
+                 acquired_at = {NOW}, \
                  expires_at = {NOW} + INTERVAL ? MICROSECOND \
                  WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
             ),
@@ -184,13 +193,18 @@ impl MySqlBackend {
         new: &Token,
         ttl: Duration,
     ) -> Result<CasOutcome, sqlx::Error> {
-        sqlx::query(&self.sql.acquire)
+        let done = sqlx::query(&self.sql.acquire)
             .bind(key.as_str())
             .bind(new.as_str())
             .bind(micros(ttl))
             .execute(&self.pool)
             .await?;
-        Ok(outcome(self.read(key).await?, new))
+        match done.last_insert_id() {
+            0 => Ok(held(self.read(key).await?)),
+            fence => Ok(CasOutcome::Acquired {
+                fence: Fence(fence),
+            }),
+        }
     }
 
     async fn update(
@@ -212,69 +226,69 @@ impl MySqlBackend {
             .bind(expected.as_str())
             .execute(&self.pool)
             .await?;
-        if done.rows_affected() == 0 {
-            return Ok(CasOutcome::Held(Held::default()));
-        }
-        Ok(outcome(self.read(key).await?, new))
+        Ok(match (done.rows_affected(), done.last_insert_id()) {
+            (0, _) | (_, 0) => CasOutcome::Held(Held::default()),
+            (_, fence) => CasOutcome::Acquired {
+                fence: Fence(fence),
+            },
+        })
     }
 }
 
 impl MySqlBackend {
-    /// Renews one chunk of holds sharing a TTL: one `UPDATE`, then one read
-    /// of which `(key, owner)` pairs are now live.
+    /// Renews one run of holds sharing a TTL: one `UPDATE`, then one read
+    /// of which `(key, owner)` pairs are now live; marks those in `out`.
     async fn renew_chunk(
         &self,
         ttl: Duration,
-        chunk: &[&RenewItem],
-    ) -> Result<Vec<bool>, sqlx::Error> {
-        let pairs = vec!["(?, ?)"; chunk.len()].join(", ");
+        items: &[RenewItem],
+        idx: &[usize],
+        out: &mut [bool],
+    ) -> Result<(), sqlx::Error> {
+        let pairs = pair_placeholders(idx.len());
         let t = &self.sql.table;
         let update = format!(
             "UPDATE {t} SET expires_at = {NOW} + INTERVAL ? MICROSECOND \
              WHERE expires_at > {NOW} AND (lock_key, owner) IN ({pairs})"
         );
+        let select = format!(
+            "SELECT lock_key, owner FROM {t} WHERE expires_at > {NOW} AND (lock_key, owner) IN ({pairs})"
+        );
         let mut query = sqlx::query(&update).bind(micros(ttl));
-        for item in chunk {
-            query = query.bind(item.key.as_str()).bind(item.token.as_str());
+        for &i in idx {
+            query = query
+                .bind(items[i].key.as_str())
+                .bind(items[i].token.as_str());
         }
         query.execute(&self.pool).await?;
-        let select =
-            format!("SELECT lock_key, owner FROM {t} WHERE expires_at > {NOW} AND (lock_key, owner) IN ({pairs})");
         let mut query = sqlx::query(&select);
-        for item in chunk {
-            query = query.bind(item.key.as_str()).bind(item.token.as_str());
+        for &i in idx {
+            query = query
+                .bind(items[i].key.as_str())
+                .bind(items[i].token.as_str());
         }
         let mut live = HashSet::new();
         for row in query.fetch_all(&self.pool).await? {
-            let key: Vec<u8> = row.try_get(0)?;
-            let owner: String = row.try_get(1)?;
-            live.insert((key, owner));
+            // A binary collation makes the key column read back as bytes.
+            let key = String::from_utf8_lossy(&row.try_get::<Vec<u8>, _>(0)?).into_owned();
+            live.insert((key, row.try_get::<String, _>(1)?));
         }
-        Ok(chunk
-            .iter()
-            .map(|i| {
-                live.contains(&(
-                    i.key.as_str().as_bytes().to_vec(),
-                    i.token.as_str().to_owned(),
-                ))
-            })
-            .collect())
+        mark_live(items, idx, &live, out);
+        Ok(())
     }
 }
 
-/// Acquired if `new` holds the row read back, else held by whoever does.
-fn outcome(row: Option<HolderInfo>, new: &Token) -> CasOutcome {
-    match row {
-        Some(info) if &info.holder == new => CasOutcome::Acquired {
-            fence: info.fence.unwrap_or(Fence(0)),
-        },
-        Some(info) => CasOutcome::Held(Held {
+/// A refused acquisition: held by whoever the read found (nobody, if the
+/// hold ended in between).
+fn held(row: Option<HolderInfo>) -> CasOutcome {
+    CasOutcome::Held(match row {
+        Some(info) => Held {
             holder: Some(info.holder),
             expires_in: info.expires_in,
             revision: None,
-        }),
-        None => CasOutcome::Held(Held::default()),
-    }
+        },
+        None => Held::default(),
+    })
 }
 
 #[async_trait]
@@ -313,22 +327,11 @@ impl Backend for MySqlBackend {
 
     /// One `UPDATE` and one read per 500 holds of a TTL.
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
-        let mut by_ttl: BTreeMap<Duration, Vec<usize>> = BTreeMap::new();
-        for (i, item) in items.iter().enumerate() {
-            by_ttl.entry(item.ttl).or_default().push(i);
-        }
         let mut out = vec![false; items.len()];
-        for (ttl, idx) in by_ttl {
-            for chunk in idx.chunks(RENEW_CHUNK) {
-                let holds: Vec<&RenewItem> = chunk.iter().map(|i| &items[*i]).collect();
-                let live = self
-                    .renew_chunk(ttl, &holds)
-                    .await
-                    .map_err(|e| map(NAME, e))?;
-                for (i, ok) in chunk.iter().zip(live) {
-                    out[*i] = ok;
-                }
-            }
+        for (ttl, idx) in ttl_chunks(items, RENEW_CHUNK) {
+            self.renew_chunk(ttl, items, &idx, &mut out)
+                .await
+                .map_err(|e| map(NAME, e))?;
         }
         Ok(out)
     }

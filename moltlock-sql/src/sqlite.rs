@@ -1,9 +1,10 @@
 //! SQLite: the same contract in one database file, so the processes of one
 //! machine share locks with no server. The embedded default of the CLI.
 //!
-//! Every write runs in a `BEGIN IMMEDIATE` transaction (the write lock is
-//! taken up front, so a read-then-write never works on a stale snapshot),
-//! with WAL journaling and a busy timeout. Expiry is judged by SQLite's own
+//! Every write is one statement, which SQLite runs as a transaction of its
+//! own that takes the write lock before it reads anything (so no write works
+//! on a stale snapshot); a batch of renewals shares one `BEGIN IMMEDIATE`
+//! transaction. WAL journaling and a busy timeout. Expiry is judged by SQLite's own
 //! clock (`julianday('now')`), which every process on the machine shares.
 //! Fences come from a one-row counter table that a trigger advances in the
 //! same statement as the acquisition; released rows are deleted and the
@@ -19,6 +20,7 @@
 //!     id INTEGER PRIMARY KEY CHECK (id = 1), value INTEGER NOT NULL);
 //! ```
 
+use std::collections::HashSet;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,13 +30,18 @@ use moltlock_core::{
     Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, RenewItem, Token,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqliteSynchronous};
-use sqlx::{Row, Sqlite, SqliteConnection};
+use sqlx::{Row, Sqlite};
 
-use crate::convert::{self, holder_info, left_ms, millis, pool_options};
+use crate::convert::{
+    self, holder_info, left_ms, mark_live, millis, pair_placeholders, pool_options, ttl_chunks,
+};
 use crate::error::map;
 use crate::SqlConfig;
 
 const NAME: &str = "sqlite";
+/// Holds renewed per statement: 8,000 `(key, owner)` pairs, 16,001
+/// parameters (SQLite allows 32,766).
+const RENEW_CHUNK: usize = 8_000;
 /// How long a statement waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Milliseconds since the epoch by SQLite's clock.
@@ -44,6 +51,7 @@ struct Statements {
     acquire: String,
     holder: String,
     renew: String,
+    renew_many: String,
     transfer: String,
     delete: String,
     raise: String,
@@ -72,6 +80,10 @@ impl Statements {
             renew: format!(
                 "UPDATE {t} SET expires_at = {NOW} + ?3 \
                  WHERE key = ?1 AND owner = ?2 AND expires_at > {NOW} RETURNING fence"
+            ),
+            renew_many: format!(
+                "UPDATE {t} SET expires_at = {NOW} + ? \
+                 WHERE expires_at > {NOW} AND (key, owner) IN (VALUES"
             ),
             transfer: format!(
                 "UPDATE {t} SET owner = ?4, fence = {next}, acquired_at = {NOW}, expires_at = {NOW} + ?3 \
@@ -199,27 +211,28 @@ impl SqliteBackend {
         tx.commit().await.map_err(|e| map(NAME, e))
     }
 
+    /// One statement; only when the key is held, a second one reads who
+    /// holds it (a report for the waiter, not part of the decision).
     async fn acquire(
         &self,
-        conn: &mut SqliteConnection,
         key: &LockKey,
         new: &Token,
         ttl: Duration,
     ) -> Result<CasOutcome, sqlx::Error> {
-        let fence: Option<i64> = sqlx::query_scalar(&self.sql.acquire)
+        let fence: Vec<i64> = sqlx::query_scalar(&self.sql.acquire)
             .bind(key.as_str())
             .bind(new.as_str())
             .bind(millis(ttl))
-            .fetch_optional(&mut *conn)
+            .fetch_all(&self.pool)
             .await?;
-        if let Some(f) = fence {
+        if let Some(f) = fence.first() {
             return Ok(CasOutcome::Acquired {
-                fence: convert::fence(f),
+                fence: convert::fence(*f),
             });
         }
         let row = sqlx::query(&self.sql.holder)
             .bind(key.as_str())
-            .fetch_optional(&mut *conn)
+            .fetch_optional(&self.pool)
             .await?;
         let mut held = Held::default();
         if let Some(row) = row {
@@ -231,7 +244,6 @@ impl SqliteBackend {
 
     async fn update(
         &self,
-        conn: &mut SqliteConnection,
         key: &LockKey,
         expected: &Token,
         new: &Token,
@@ -250,10 +262,10 @@ impl SqliteBackend {
         if transfer {
             query = query.bind(new.as_str());
         }
-        let fence: Option<i64> = query.fetch_optional(&mut *conn).await?;
-        Ok(match fence {
+        let fence: Vec<i64> = query.fetch_all(&self.pool).await?;
+        Ok(match fence.first() {
             Some(f) => CasOutcome::Acquired {
-                fence: convert::fence(f),
+                fence: convert::fence(*f),
             },
             None => CasOutcome::Held(Held::default()),
         })
@@ -276,53 +288,28 @@ impl SqliteBackend {
             .map_err(|e| map(NAME, e))
     }
 
-    async fn cas_tx(
-        self,
-        key: LockKey,
-        expected: Option<Token>,
-        new: Token,
-        ttl: Duration,
-    ) -> Result<CasOutcome, sqlx::Error> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let out = match &expected {
-            None => self.acquire(&mut tx, &key, &new, ttl).await?,
-            Some(expected) => self.update(&mut tx, &key, expected, &new, ttl).await?,
-        };
-        tx.commit().await?;
-        Ok(out)
-    }
-
-    async fn delete_tx(self, key: LockKey, owner: Token) -> Result<bool, sqlx::Error> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let done = sqlx::query(&self.sql.delete)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected() > 0)
-    }
-
-    async fn raise_tx(self, floor: i64) -> Result<(), sqlx::Error> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::query(&self.sql.raise)
-            .bind(floor)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await
-    }
-
+    /// Renews every hold in one `BEGIN IMMEDIATE` transaction, one
+    /// `UPDATE … RETURNING` per run of up to 8,000 holds sharing a TTL.
     async fn renew_tx(self, items: Vec<RenewItem>) -> Result<Vec<bool>, sqlx::Error> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let mut out = Vec::with_capacity(items.len());
-        for item in &items {
-            let fence: Option<i64> = sqlx::query_scalar(&self.sql.renew)
-                .bind(item.key.as_str())
-                .bind(item.token.as_str())
-                .bind(millis(item.ttl))
-                .fetch_optional(&mut *tx)
-                .await?;
-            out.push(fence.is_some());
+        let mut out = vec![false; items.len()];
+        for (ttl, idx) in ttl_chunks(&items, RENEW_CHUNK) {
+            let sql = format!(
+                "{} {}) RETURNING key, owner",
+                self.sql.renew_many,
+                pair_placeholders(idx.len())
+            );
+            let mut query = sqlx::query(&sql).bind(millis(ttl));
+            for &i in &idx {
+                query = query
+                    .bind(items[i].key.as_str())
+                    .bind(items[i].token.as_str());
+            }
+            let mut live = HashSet::new();
+            for row in query.fetch_all(&mut *tx).await? {
+                live.insert((row.try_get::<String, _>(0)?, row.try_get::<String, _>(1)?));
+            }
+            mark_live(&items, &idx, &live, &mut out);
         }
         tx.commit().await?;
         Ok(out)
@@ -338,14 +325,21 @@ impl Backend for SqliteBackend {
         new: &Token,
         ttl: Duration,
     ) -> Result<CasOutcome, Error> {
-        let (key, expected, new) = (key.clone(), expected.cloned(), new.clone());
-        self.detached(move |b| b.cas_tx(key, expected, new, ttl))
-            .await
+        let out = match expected {
+            None => self.acquire(key, new, ttl).await,
+            Some(expected) => self.update(key, expected, new, ttl).await,
+        };
+        out.map_err(|e| map(NAME, e))
     }
 
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        let (key, owner) = (key.clone(), owner.clone());
-        self.detached(move |b| b.delete_tx(key, owner)).await
+        let done = sqlx::query(&self.sql.delete)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(done.rows_affected() > 0)
     }
 
     fn name(&self) -> &'static str {
@@ -386,10 +380,16 @@ impl Backend for SqliteBackend {
     async fn raise_fence(&self, _key: &LockKey, floor: Fence) -> Result<(), Error> {
         let floor = i64::try_from(floor.get())
             .map_err(|_| Error::Config(format!("fence floor {floor} exceeds SQLite's integers")))?;
-        self.detached(move |b| b.raise_tx(floor)).await
+        sqlx::query(&self.sql.raise)
+            .bind(floor)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(())
     }
 
-    /// All renewals in one `BEGIN IMMEDIATE` transaction (one fsync).
+    /// All renewals in one `BEGIN IMMEDIATE` transaction (one fsync), one
+    /// statement per 8,000 holds of a TTL.
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
         let items = items.to_vec();
         self.detached(move |b| b.renew_tx(items)).await

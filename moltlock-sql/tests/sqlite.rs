@@ -67,3 +67,60 @@ async fn names_itself_and_declares_capabilities() {
     let caps = b.capabilities();
     assert!(caps.inspect && caps.batch_renew && !caps.notifies_release);
 }
+
+/// One batch past a statement's 8,000 holds, with two TTLs, a foreign token
+/// and a key nobody holds: every live hold is renewed and reported so, and
+/// nothing else is.
+#[tokio::test]
+async fn batch_renewal_reports_each_hold_across_statements() {
+    use std::time::Duration;
+
+    use moltlock_core::{CasOutcome, LockKey, RenewItem, Token};
+
+    let dir = tempfile::tempdir().unwrap();
+    let b = SqliteBackend::connect(&dir.path().join("r.db").display().to_string())
+        .await
+        .unwrap();
+    let owner = Token::random();
+    let ttl = Duration::from_secs(10);
+    let mut items = Vec::new();
+    for i in 0..8_100 {
+        let key = LockKey::new(format!("batch/{i}")).unwrap();
+        let out = b.cas(&key, None, &owner, ttl).await.unwrap();
+        assert!(matches!(out, CasOutcome::Acquired { .. }), "{out:?}");
+        let ttl = Duration::from_secs(if i % 2 == 0 { 30 } else { 40 });
+        items.push(RenewItem {
+            key,
+            token: owner.clone(),
+            ttl,
+        });
+    }
+    let foreign = RenewItem {
+        key: items[0].key.clone(),
+        token: Token::random(),
+        ttl,
+    };
+    let unheld = RenewItem {
+        key: LockKey::new("batch/none").unwrap(),
+        token: owner.clone(),
+        ttl,
+    };
+    items.push(foreign);
+    items.push(unheld);
+    let renewed = b.renew_many(&items).await.unwrap();
+    assert_eq!(renewed.len(), items.len());
+    assert!(
+        renewed[..8_100].iter().all(|r| *r),
+        "a live hold was not renewed"
+    );
+    assert_eq!(&renewed[8_100..], &[false, false]);
+    // Each hold now runs for the TTL it was renewed with, not the 10 s it
+    // was taken with.
+    for (i, range) in [(8_098, 20..=30), (8_099, 30..=40)] {
+        let key = LockKey::new(format!("batch/{i}")).unwrap();
+        let hold = b.inspect(&key).await.unwrap().unwrap();
+        assert_eq!(hold.holder, owner);
+        let left = hold.expires_in.unwrap().as_secs();
+        assert!(range.contains(&left), "hold {i}: {left} s left");
+    }
+}
