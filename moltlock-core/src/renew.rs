@@ -31,22 +31,24 @@ pub(crate) async fn drive(inner: Weak<Inner>, wake: Arc<Notify>) {
     }
 }
 
-/// One pass: expire overdue holds, renew the due ones in one batch. A hold
-/// due within half an interval joins the batch early, so holds acquired at
-/// scattered times settle into one batch per interval. Returns when to look
-/// again, or `None` (having cleared the driver slot) when the manager holds
-/// nothing.
+/// One pass: expire overdue holds and, once any hold is due, renew in one
+/// batch every hold that would fall due within its next interval. Renewing
+/// early only moves an expiry later, and it keeps all holds on one schedule:
+/// however scattered their acquisitions, the manager sends one renewal
+/// request per interval. Returns when to look again, or `None` (having
+/// cleared the driver slot) when the manager holds nothing.
 async fn round(inner: &Arc<Inner>) -> Option<Instant> {
     let holds = snapshot(inner)?;
     let now = Instant::now();
     for hold in holds.iter().filter(|h| h.valid_until() <= now) {
         inner.finish(hold, LostReason::Deadline);
     }
-    let due: Vec<Arc<Hold>> = holds
-        .into_iter()
-        .filter(|h| !h.is_lost() && h.next_renew() <= now + h.interval / 2)
-        .collect();
-    if !due.is_empty() {
+    let live: Vec<Arc<Hold>> = holds.into_iter().filter(|h| !h.is_lost()).collect();
+    if live.iter().any(|h| h.next_renew() <= now) {
+        let due: Vec<Arc<Hold>> = live
+            .into_iter()
+            .filter(|h| h.next_renew() <= now + h.interval)
+            .collect();
         renew(inner, &due).await;
     }
     Some(next_wake(inner))

@@ -12,11 +12,13 @@ use tokio::sync::Notify;
 
 /// Wraps a backend with a switch that makes every call hang, as if the
 /// client were cut off from the store or paused; healing lets calls through.
+/// It also records the size of every batch renewal it passes on.
 #[derive(Clone)]
 pub struct Partition {
     inner: Arc<dyn Backend>,
     cut: Arc<AtomicBool>,
     healed: Arc<Notify>,
+    renewals: Arc<Mutex<Vec<usize>>>,
 }
 
 impl Partition {
@@ -26,7 +28,13 @@ impl Partition {
             inner,
             cut: Arc::new(AtomicBool::new(false)),
             healed: Arc::new(Notify::new()),
+            renewals: Arc::default(),
         }
+    }
+
+    /// How many holds each `renew_many` call so far carried, in order.
+    pub fn renewal_batches(&self) -> Vec<usize> {
+        self.renewals.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
     /// From now on every call hangs until [`heal`](Self::heal).
@@ -101,6 +109,9 @@ impl Backend for Partition {
     }
 
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        if let Ok(mut r) = self.renewals.lock() {
+            r.push(items.len());
+        }
         self.gate().await;
         self.inner.renew_many(items).await
     }

@@ -30,3 +30,36 @@ mod migrating_both {
 
     moltlock_conformance::conformance_tests!(both());
 }
+
+/// Holds taken at scattered times are renewed together: once the first is
+/// due, every renewal request carries all of them, so the manager sends one
+/// request per interval however its holds were spread.
+#[tokio::test]
+async fn scattered_holds_share_one_renewal_per_interval() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use moltlock_conformance::Partition;
+    use moltlock_core::{LockManager, MemoryBackend};
+
+    let store = Partition::new(Arc::new(MemoryBackend::new()));
+    // TTL 600 ms: renewed every 200 ms.
+    let manager = LockManager::builder(store.clone())
+        .ttl(Duration::from_millis(600))
+        .build()
+        .unwrap();
+    let mut guards = Vec::new();
+    for i in 0..5 {
+        guards.push(manager.lock(format!("scattered/{i}")).await.unwrap());
+        // Spread over 160 ms: most of an interval.
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let batches = store.renewal_batches();
+    assert!(batches.len() >= 3, "too few renewals: {batches:?}");
+    assert!(
+        batches.iter().all(|n| *n == 5),
+        "a renewal left holds for another request: {batches:?}"
+    );
+    assert!(guards.iter().all(|g| g.is_held()));
+}
