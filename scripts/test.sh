@@ -2,7 +2,8 @@
 # Runs the whole test suite against real servers. Installs what is missing,
 # points the tests at the machine's shared Redis, Postgres and MariaDB when
 # they answer, and lets the fixtures start their own servers (etcd always;
-# Redis and Postgres when no shared one answers).
+# Redis and Postgres when no shared one answers; a private MariaDB when none
+# answers on 3306).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -17,6 +18,11 @@ if [ -z "${MOLTLOCK_POSTGRES_URL:-}" ] && port_open 5432; then
 fi
 if [ -z "${MOLTLOCK_MYSQL_URL:-}" ] && port_open 3306; then
   export MOLTLOCK_MYSQL_URL=mysql://root@127.0.0.1:3306/test
+fi
+if [ -z "${MOLTLOCK_MYSQL_URL:-}" ]; then
+  # No MariaDB answers: start a private one for this run, stopped on exit.
+  source scripts/private-mariadb.sh
+  start_private_mariadb
 fi
 echo "shared stores: redis=${MOLTLOCK_REDIS_URL:-fixture} postgres=${MOLTLOCK_POSTGRES_URL:-fixture} mysql=${MOLTLOCK_MYSQL_URL:-none}"
 

@@ -1,14 +1,14 @@
 //! [`EtcdBackend`]: the `Backend` implementation over etcd v3.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
-    TxnOpResponse, TxnResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, LeaseTimeToLiveOptions,
+    PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use moltlock_core::{
     async_trait, Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey,
@@ -55,6 +55,14 @@ pub(crate) struct Shared {
     /// and renewal round first retries them.
     /// The flag is set while a request for the delete is in flight.
     pub(crate) pending: std::sync::Mutex<HashMap<(LockKey, Token), bool>>,
+    /// The token this session last wrote to each lock key, for keys whose
+    /// last write by this session is known to have landed. A key still
+    /// attached to the session's lease holds exactly that token (nobody else
+    /// writes on our lease, and any other write detaches the key), so a
+    /// renewal round checks its holds with one lease query instead of
+    /// reading every key. An entry is dropped before each write of its key
+    /// and restored only when etcd confirms the write.
+    pub(crate) written: std::sync::Mutex<HashMap<Vec<u8>, Token>>,
 }
 
 /// The most unconfirmed deletes remembered; past it, holds live until the
@@ -107,6 +115,7 @@ impl EtcdBackend {
                 min_ttl: config.session_ttl,
                 wakeups: Arc::new(AtomicU64::new(0)),
                 pending: std::sync::Mutex::new(HashMap::new()),
+                written: std::sync::Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -221,6 +230,7 @@ impl Shared {
     ) -> Result<CasOutcome, Error> {
         self.flush_pending().await;
         let k = self.full_key(key);
+        self.forget_write(&k);
         let mut retried = false;
         loop {
             let lease = self.session.lease_for(ttl).await?;
@@ -239,6 +249,7 @@ impl Shared {
                 }
                 Err(e) => return Err(map(e)),
                 Ok(resp) if resp.succeeded() => {
+                    self.record_write(k, token);
                     let offset = offset_in(&resp, 1);
                     return Ok(CasOutcome::Acquired {
                         fence: fence(header_revision(&resp)?.saturating_add(offset))?,
@@ -280,6 +291,7 @@ impl Shared {
         ttl: Duration,
     ) -> Result<CasOutcome, Error> {
         let k = self.full_key(key);
+        self.forget_write(&k);
         let lease = self.session.lease_for(ttl).await?;
         let put = PutOptions::new().with_lease(lease.id);
         let txn = Txn::new()
@@ -289,14 +301,34 @@ impl Shared {
                 TxnOp::get(k.clone(), None),
                 TxnOp::get(self.offset_key(key), None),
             ])
-            .or_else([TxnOp::get(k, None)]);
+            .or_else([TxnOp::get(k.clone(), None)]);
         let resp = self.txn(txn).await.map_err(map)?;
         match first_kv(&resp) {
-            Some(kv) if resp.succeeded() => Ok(CasOutcome::Acquired {
-                fence: fence(kv.create_revision().saturating_add(offset_in(&resp, 2)))?,
-            }),
+            Some(kv) if resp.succeeded() => {
+                self.record_write(k, new);
+                Ok(CasOutcome::Acquired {
+                    fence: fence(kv.create_revision().saturating_add(offset_in(&resp, 2)))?,
+                })
+            }
             _ => Ok(CasOutcome::Held(held(&resp))),
         }
+    }
+
+    fn written(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, Token>> {
+        match self.written.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// The key is about to be written (or deleted): its outcome is unknown
+    /// until etcd answers.
+    fn forget_write(&self, full_key: &[u8]) {
+        self.written().remove(full_key);
+    }
+
+    fn record_write(&self, full_key: Vec<u8>, token: &Token) {
+        self.written().insert(full_key, token.clone());
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<(LockKey, Token), bool>> {
@@ -329,6 +361,7 @@ impl Shared {
 
     async fn release_once(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
         let k = self.full_key(key);
+        self.forget_write(&k);
         let entry = self.queue_entry(key, owner);
         let txn = Txn::new()
             .when([Compare::value(k.clone(), CompareOp::Equal, owner.as_str())])
@@ -375,6 +408,53 @@ impl Shared {
 
     /// Whether each `(key, token)` still holds, in Txns of at most
     /// [`TXN_CHUNK`] reads.
+    /// Which of `items` (all on lease `lease`) still hold their keys: one
+    /// lease query for the keys whose last write by this session is known,
+    /// a read for the rest (and for all, should the query fail).
+    pub(crate) async fn still_held_on(
+        &self,
+        lease: i64,
+        items: &[&RenewItem],
+    ) -> Result<Vec<bool>, Error> {
+        let attached = self.attached_keys(lease).await;
+        let mut out = vec![false; items.len()];
+        let mut unknown = Vec::new();
+        {
+            let written = self.written();
+            for (i, item) in items.iter().enumerate() {
+                let k = self.full_key(&item.key);
+                match &attached {
+                    Some(keys) if written.get(&k) == Some(&item.token) => {
+                        out[i] = keys.contains(&k);
+                    }
+                    _ => unknown.push(i),
+                }
+            }
+        }
+        if !unknown.is_empty() {
+            let rest: Vec<&RenewItem> = unknown.iter().map(|i| items[*i]).collect();
+            for (i, h) in unknown.iter().zip(self.still_held(&rest).await?) {
+                out[*i] = h;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The keys attached to `lease`, or `None` when etcd would not say.
+    async fn attached_keys(&self, lease: i64) -> Option<HashSet<Vec<u8>>> {
+        let mut client = self.client.clone();
+        let opts = LeaseTimeToLiveOptions::new().with_keys();
+        let query = client.lease_time_to_live(lease, Some(opts));
+        match call("lease time-to-live", self.timeout, query).await {
+            Ok(r) if r.ttl() > 0 => Some(r.keys().iter().cloned().collect()),
+            Ok(_) => Some(HashSet::new()),
+            Err(e) => {
+                tracing::debug!(error = %e, "lease query failed; reading keys instead");
+                None
+            }
+        }
+    }
+
     async fn still_held(&self, items: &[&RenewItem]) -> Result<Vec<bool>, Error> {
         let mut out = Vec::with_capacity(items.len());
         for chunk in items.chunks(TXN_CHUNK) {
@@ -619,9 +699,10 @@ impl Backend for EtcdBackend {
         Ok(out)
     }
 
-    /// One keep-alive per lease in use, then one read per chunk of keys to
-    /// check each still holds its token. A lease that is gone makes every
-    /// hold on it report not held.
+    /// One keep-alive per lease in use, then one lease query per lease (and
+    /// reads only for keys whose last write is uncertain) to check each hold
+    /// still has its token. A lease that is gone makes every hold on it
+    /// report not held.
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
         self.shared.flush_pending().await;
         let session = &self.shared.session;
@@ -635,11 +716,11 @@ impl Backend for EtcdBackend {
         let mut out = vec![false; items.len()];
         for idx in groups.values() {
             let Some(first) = idx.first() else { continue };
-            if session.renew(items[*first].ttl).await?.is_none() {
+            let Some(lease) = session.renew(items[*first].ttl).await? else {
                 continue;
-            }
+            };
             let group: Vec<&RenewItem> = idx.iter().map(|i| &items[*i]).collect();
-            let held = self.shared.still_held(&group).await?;
+            let held = self.shared.still_held_on(lease.id, &group).await?;
             for (i, h) in idx.iter().zip(held) {
                 out[*i] = h;
             }

@@ -22,8 +22,12 @@
 //!   2 s, so that is the shortest TTL accepted). No background task keeps
 //!   the lease alive: the manager's renewal driver calls
 //!   [`renew_many`](moltlock_core::Backend::renew_many) every TTL/3, which
-//!   sends one keep-alive per lease and checks with one read per 100 keys
-//!   that every key still holds its token. If nobody renews, the lease
+//!   sends one keep-alive per lease and checks the holds with one
+//!   `LeaseTimeToLive(keys)` query per lease: a key still attached to the
+//!   session's lease carries the token the session last wrote to it (any
+//!   other write detaches it), so only keys whose last write by this session
+//!   is uncertain (in flight, failed, or since replaced by another hold of
+//!   the same session) are read back, 100 per request. If nobody renews, the lease
 //!   expires and its keys vanish. A lease with less than 2/3 of its TTL left
 //!   is refreshed before a new hold is written on it, and
 //!   [`earliest_expiry`](moltlock_core::Backend::earliest_expiry) reports

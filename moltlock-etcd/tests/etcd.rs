@@ -174,6 +174,35 @@ async fn revoked_session_lease_fires_lost() -> TestResult {
     Ok(())
 }
 
+/// Renewal checks a session's holds with one lease query, trusting a key on
+/// the lease to carry the token this session last wrote. Two managers share
+/// one backend (one session, one lease): when A's key is deleted behind it
+/// and B takes the key on the same lease, the key is attached again, yet A
+/// must still learn it lost the key, and B must keep it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_session_reacquire_after_delete_is_lost_for_the_first() -> TestResult {
+    let etcd = server()?;
+    let ttl = Duration::from_secs(3);
+    let b = open(&etcd.endpoints).await?;
+    let (a, other) = (manager(b.clone(), ttl)?, manager(b.clone(), ttl)?);
+    let k = key("same-session");
+    let first = a.lock(&k).await?;
+    let mut admin = open(&etcd.endpoints).await?.client().clone();
+    admin.delete(format!("{}{k}", b.prefix()), None).await?;
+    let second = other.lock_timeout(&k, Duration::from_secs(2)).await?;
+    assert_eq!(b.lease_ids().len(), 1, "both holds share the session lease");
+    tokio::time::timeout(ttl, first.lost())
+        .await
+        .map_err(|_| "the first holder never learnt it lost the key")?;
+    assert!(!first.is_held());
+    // Several renewal rounds later, the second still holds it.
+    tokio::time::sleep(ttl).await;
+    assert!(second.is_held(), "the second holder lost a live key");
+    let on_store = b.inspect(&LockKey::new(&k)?).await?.map(|h| h.holder);
+    assert_eq!(on_store.as_ref(), Some(second.token()));
+    Ok(())
+}
+
 /// `close()` revokes the session: its holds vanish at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_ends_the_session() -> TestResult {
