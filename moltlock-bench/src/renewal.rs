@@ -39,7 +39,7 @@ pub struct RenewalResult {
     /// Other requests (`cas`) during the window, per interval.
     pub other_requests_per_interval: f64,
     /// The store's own request counter per interval, where read: etcd gRPC
-    /// Txn + Range + keep-alive messages; Redis commands (shared server);
+    /// Txn + Range + LeaseTimeToLive + keep-alive messages; Redis commands (shared server);
     /// Postgres committed transactions in the database (shared server).
     pub store_ops_per_interval: Option<f64>,
     /// Client CPU time per interval, in milliseconds.
@@ -190,14 +190,16 @@ fn redis_calls(info: &str) -> u64 {
         .sum()
 }
 
-/// etcd's handled Txn and Range calls plus received keep-alive messages,
-/// from `/metrics` on the client port.
+/// etcd's handled Txn, Range and LeaseTimeToLive calls plus received
+/// keep-alive messages, from `/metrics` on the client port.
 async fn etcd_ops(endpoint: &str) -> Option<u64> {
     let text = http_get(endpoint, "/metrics").await?;
     let mut total = 0.0;
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let counted = (line.starts_with("grpc_server_handled_total{")
-            && (line.contains("grpc_method=\"Txn\"") || line.contains("grpc_method=\"Range\"")))
+            && ["Txn", "Range", "LeaseTimeToLive"]
+                .iter()
+                .any(|m| line.contains(&format!("grpc_method=\"{m}\""))))
             || (line.starts_with("grpc_server_msg_received_total{")
                 && line.contains("grpc_method=\"LeaseKeepAlive\""));
         if counted {

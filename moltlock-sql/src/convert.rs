@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use moltlock_core::{Fence, HolderInfo, RenewItem, Token};
+use moltlock_core::{Fence, HolderInfo, LockKey, RenewItem, Token};
 use sqlx::{ColumnIndex, Database, Decode, Row, Type};
 
 use crate::SqlConfig;
@@ -93,4 +93,49 @@ pub(crate) fn mark_live(
         let item = &items[i];
         out[i] = live.contains(&(item.key.as_str().to_owned(), item.token.as_str().to_owned()));
     }
+}
+
+/// The number of rows a statement changed, for the stores whose owner-checked
+/// delete reports it that way.
+pub(crate) trait RowsChanged {
+    /// Rows the statement changed.
+    fn changed(&self) -> u64;
+}
+
+#[cfg(feature = "sqlite")]
+impl RowsChanged for sqlx::sqlite::SqliteQueryResult {
+    fn changed(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl RowsChanged for sqlx::mysql::MySqlQueryResult {
+    fn changed(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+/// Runs an owner-checked `DELETE` (`key`, `owner` bound in that order) and
+/// says whether it removed the hold.
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+pub(crate) async fn delete_owned<DB>(
+    pool: &sqlx::Pool<DB>,
+    sql: &str,
+    key: &LockKey,
+    owner: &Token,
+) -> Result<bool, sqlx::Error>
+where
+    DB: Database,
+    DB::QueryResult: RowsChanged,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + Type<DB>,
+    for<'q> <DB as Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let done = sqlx::query(sql)
+        .bind(key.as_str())
+        .bind(owner.as_str())
+        .execute(pool)
+        .await?;
+    Ok(done.changed() > 0)
 }

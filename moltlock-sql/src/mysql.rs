@@ -39,7 +39,7 @@ use sqlx::mysql::{MySqlPool, MySqlRow};
 use sqlx::MySql;
 use sqlx::Row;
 
-use crate::convert::{mark_live, micros, pair_placeholders, pool_options, ttl_chunks};
+use crate::convert::{self, mark_live, micros, pair_placeholders, pool_options, ttl_chunks};
 use crate::error::map;
 use crate::SqlConfig;
 
@@ -308,13 +308,9 @@ impl Backend for MySqlBackend {
     }
 
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        let done = sqlx::query(&self.sql.delete)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .execute(&self.pool)
+        convert::delete_owned(&self.pool, &self.sql.delete, key, owner)
             .await
-            .map_err(|e| map(NAME, e))?;
-        Ok(done.rows_affected() > 0)
+            .map_err(|e| map(NAME, e))
     }
 
     fn name(&self) -> &'static str {

@@ -333,13 +333,9 @@ impl Backend for SqliteBackend {
     }
 
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        let done = sqlx::query(&self.sql.delete)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .execute(&self.pool)
+        convert::delete_owned(&self.pool, &self.sql.delete, key, owner)
             .await
-            .map_err(|e| map(NAME, e))?;
-        Ok(done.rows_affected() > 0)
+            .map_err(|e| map(NAME, e))
     }
 
     fn name(&self) -> &'static str {
