@@ -13,10 +13,13 @@
 //! who holds the key.
 //!
 //! Fences: MySQL has no sequences, so the fence of a hold is
-//! `max(previous fence of the key + 1, server time in microseconds)`. It is
-//! strictly increasing per key while the row lives, and keeps increasing after
-//! a release deletes the row as long as the server's clock does not step back
-//! past the last fence handed out (the same limit as the Redis backend).
+//! `max(previous fence of the key + 1, server time in microseconds, floor + 1)`.
+//! A release expires the key's row rather than deleting it, so the previous
+//! fence is always there: fences of a key strictly increase whatever the
+//! server's clock does, and each key ever locked keeps one (expired) row.
+//! The clock term only matters for a key whose row was removed by hand.
+//! [`Backend::raise_fence`] records a per-key floor in a second table (used
+//! only while migrating between stores); later fences of that key exceed it.
 //! Waiters poll by the retry policy, sleeping no longer than the holder's
 //! time left. Renewal takes one `UPDATE` and one read per 500 holds.
 //!
@@ -25,6 +28,9 @@
 //!     lock_key VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
 //!     owner VARCHAR(128) NOT NULL, fence BIGINT UNSIGNED NOT NULL,
 //!     expires_at DATETIME(6) NOT NULL, acquired_at DATETIME(6) NOT NULL) ENGINE=InnoDB;
+//! CREATE TABLE IF NOT EXISTS `moltlock_locks_floor` (
+//!     lock_key VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
+//!     floor BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB;
 //! ```
 
 use std::collections::HashSet;
@@ -58,19 +64,28 @@ struct Statements {
     transfer: String,
     delete: String,
     list: String,
-    ddl: String,
+    raise: String,
+    ddl: Vec<String>,
 }
 
 impl Statements {
     fn new(cfg: &SqlConfig) -> Result<Self, Error> {
-        let t = format!("`{}`", cfg.checked_table()?);
+        let name = cfg.checked_table()?;
+        let t = format!("`{name}`");
+        let floors = format!("`{name}_floor`");
+        // The least fence `raise_fence` allows next for the key (0 if none).
+        let floor =
+            format!("COALESCE((SELECT floor + 1 FROM {floors} WHERE {floors}.lock_key = ?), 0)");
+        let key_col =
+            "lock_key VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY";
         let free = format!("expires_at <= {NOW}");
         let left = format!("TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)");
         Ok(Self {
             table: t.clone(),
             acquire: format!(
                 "INSERT INTO {t} (lock_key, owner, fence, expires_at, acquired_at) \
-                 VALUES (?, ?, LAST_INSERT_ID({MICROS}), {NOW} + INTERVAL ? MICROSECOND, {NOW}) \
+                 VALUES (?, ?, LAST_INSERT_ID(GREATEST({MICROS}, {floor})), \
+                 {NOW} + INTERVAL ? MICROSECOND, {NOW}) \
                  ON DUPLICATE KEY UPDATE \
                  owner = IF({free}, VALUES(owner), owner), \
                  fence = IF({free}, LAST_INSERT_ID(GREATEST(fence + 1, VALUES(fence))), \
@@ -88,24 +103,36 @@ impl Statements {
                  WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
             ),
             transfer: format!(
-                "UPDATE {t} SET fence = LAST_INSERT_ID(GREATEST(fence + 1, {MICROS})), owner = ?, \
+                "UPDATE {t} SET fence = LAST_INSERT_ID(GREATEST(fence + 1, {MICROS}, {floor})), owner = ?, \
                  acquired_at = {NOW}, \
                  expires_at = {NOW} + INTERVAL ? MICROSECOND \
                  WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
             ),
+            // A release expires the row instead of deleting it, so the key's
+            // next fence still counts up from its last one.
             delete: format!(
-                "DELETE FROM {t} WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
+                "UPDATE {t} SET expires_at = {NOW} \
+                 WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
             ),
             list: format!(
                 "SELECT lock_key, owner, fence, {left} FROM {t} \
                  WHERE LEFT(lock_key, CHAR_LENGTH(?)) = ? AND expires_at > {NOW} ORDER BY lock_key"
             ),
-            ddl: format!(
-                "CREATE TABLE IF NOT EXISTS {t} (\
-                 lock_key VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY, \
-                 owner VARCHAR(128) NOT NULL, fence BIGINT UNSIGNED NOT NULL, \
-                 expires_at DATETIME(6) NOT NULL, acquired_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+            raise: format!(
+                "INSERT INTO {floors} (lock_key, floor) VALUES (?, ?) \
+                 ON DUPLICATE KEY UPDATE floor = GREATEST(floor, VALUES(floor))"
             ),
+            ddl: vec![
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} ({key_col}, \
+                     owner VARCHAR(128) NOT NULL, fence BIGINT UNSIGNED NOT NULL, \
+                     expires_at DATETIME(6) NOT NULL, acquired_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {floors} ({key_col}, \
+                     floor BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"
+                ),
+            ],
         })
     }
 }
@@ -167,15 +194,17 @@ impl MySqlBackend {
         Ok(backend)
     }
 
-    /// Creates the table if missing. Idempotent.
+    /// Creates the tables if missing. Idempotent.
     ///
     /// # Errors
     /// Store errors, e.g. [`Error::Auth`] without `CREATE` privilege.
     pub async fn migrate(&self) -> Result<(), Error> {
-        sqlx::query(&self.sql.ddl)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
+        for stmt in &self.sql.ddl {
+            sqlx::query(stmt)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| map(NAME, e))?;
+        }
         Ok(())
     }
 
@@ -196,6 +225,7 @@ impl MySqlBackend {
         let done = sqlx::query(&self.sql.acquire)
             .bind(key.as_str())
             .bind(new.as_str())
+            .bind(key.as_str())
             .bind(micros(ttl))
             .execute(&self.pool)
             .await?;
@@ -218,6 +248,7 @@ impl MySqlBackend {
             sqlx::query(&self.sql.renew).bind(micros(ttl))
         } else {
             sqlx::query(&self.sql.transfer)
+                .bind(key.as_str())
                 .bind(new.as_str())
                 .bind(micros(ttl))
         };
@@ -318,7 +349,22 @@ impl Backend for MySqlBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new().with_inspect().with_batch_renew()
+        Capabilities::new()
+            .with_inspect()
+            .with_batch_renew()
+            .with_raise_fence()
+    }
+
+    /// Records `floor` for the key; every later acquisition or transfer of
+    /// it takes a fence above the highest floor recorded.
+    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+        sqlx::query(&self.sql.raise)
+            .bind(key.as_str())
+            .bind(floor.get())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(())
     }
 
     /// One `UPDATE` and one read per 500 holds of a TTL.

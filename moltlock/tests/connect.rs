@@ -92,3 +92,38 @@ async fn stores_not_compiled_in_name_their_feature() {
     ));
     assert!(all || checked > 0, "no missing store was checked");
 }
+
+/// A migration from SQLite to MySQL walks old → both → new on one key, and
+/// each phase's fence exceeds every earlier one: MySQL raises its fence
+/// floor like every other built-in store.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn migration_into_mysql_keeps_fences_rising() {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = format!("sqlite://{}", dir.path().join("m.db").display());
+    let mysql = env_url("MOLTLOCK_MYSQL_URL");
+    let key = format!("facade-migrate/{}", moltlock::Token::random());
+    let mut last = moltlock::Fence(0);
+    // Lift SQLite's fences far above MySQL's (microseconds of server time),
+    // so MySQL can only follow by honouring the floor `both` raises on it.
+    for (i, phase) in ["old", "both", "both", "new", "both", "old"]
+        .iter()
+        .enumerate()
+    {
+        let url = format!("migrate+{phase}:{sqlite}|{mysql}");
+        let manager = moltlock::LockManager::from_arc(connect(&url).await.unwrap());
+        let guard = manager.lock(&key).await.unwrap();
+        if i == 0 {
+            let backend = connect(&sqlite).await.unwrap();
+            let floor = moltlock::Fence(u64::MAX / 4);
+            backend.raise_fence(guard.key(), floor).await.unwrap();
+        }
+        assert!(
+            guard.fence() > last,
+            "phase {phase}: fence {} after {last}",
+            guard.fence()
+        );
+        last = guard.fence();
+        guard.release().await.unwrap();
+    }
+}

@@ -936,7 +936,8 @@ pub async fn fair_queue_serves_in_arrival_order(f: Factory) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// `raise_fence` makes every later fence of the key exceed the floor.
+/// `raise_fence` makes every later fence of the key exceed the floor, and
+/// later fences keep rising from there.
 pub async fn raise_fence_lifts_later_fences(f: Factory) -> CaseResult {
     let b = f.open().await?;
     if !b.capabilities().raise_fence {
@@ -951,13 +952,15 @@ pub async fn raise_fence_lifts_later_fences(f: Factory) -> CaseResult {
     b.raise_fence(g.key(), floor).await.map_err(err)?;
     g.release().await.map_err(err)?;
     let other = manager(&f.open().await?, Duration::from_secs(10))?;
+    let mut last = floor;
     for _ in 0..3 {
         let g = other.lock(&k).await.map_err(err)?;
         ensure!(
-            g.fence() > floor,
-            "fence {} after raising the floor to {floor}",
+            g.fence() > last,
+            "fence {} after {last} (the floor was raised to {floor})",
             g.fence()
         );
+        last = g.fence();
         g.release().await.map_err(err)?;
     }
     Ok(Outcome::Passed)
