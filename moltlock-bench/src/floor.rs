@@ -8,7 +8,7 @@
 //! | etcd | `Txn(if create_revision(k) == 0 then put(k, t, lease) else get(k))` | `Txn(if value(k) == t then delete(k))` |
 //! | Postgres | the backend's `INSERT … ON CONFLICT … WHERE expires_at <= now()` | its `DELETE … RETURNING` with `pg_notify` |
 //! | SQLite | the backend's `INSERT … ON CONFLICT` (autocommit) | its `DELETE` (autocommit) |
-//! | MySQL | the backend's `INSERT … ON DUPLICATE KEY UPDATE` | its `DELETE` |
+//! | MySQL | the backend's `INSERT … ON DUPLICATE KEY UPDATE` (fence through `LAST_INSERT_ID`) | its `UPDATE` that expires the row |
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -71,10 +71,12 @@ fn mysql_acquire() -> String {
     let (now, free) = (MYSQL_NOW, format!("expires_at <= {MYSQL_NOW}"));
     format!(
         "INSERT INTO `moltlock_locks` (lock_key, owner, fence, expires_at, acquired_at) \
-         VALUES (?, ?, {MYSQL_MICROS}, {now} + INTERVAL ? MICROSECOND, {now}) \
+         VALUES (?, ?, LAST_INSERT_ID(GREATEST({MYSQL_MICROS}, COALESCE((SELECT floor + 1 \
+         FROM `moltlock_locks_floor` f WHERE f.lock_key = ?), 0))), {now} + INTERVAL ? MICROSECOND, {now}) \
          ON DUPLICATE KEY UPDATE \
          owner = IF({free}, VALUES(owner), owner), \
-         fence = IF({free}, GREATEST(fence + 1, VALUES(fence)), fence), \
+         fence = IF({free}, LAST_INSERT_ID(GREATEST(fence + 1, VALUES(fence))), \
+         fence + LAST_INSERT_ID(0)), \
          acquired_at = IF({free}, VALUES(acquired_at), acquired_at), \
          expires_at = IF({free}, VALUES(expires_at), expires_at)"
     )
@@ -82,7 +84,8 @@ fn mysql_acquire() -> String {
 
 fn mysql_delete() -> String {
     format!(
-        "DELETE FROM `moltlock_locks` WHERE lock_key = ? AND owner = ? AND expires_at > {MYSQL_NOW}"
+        "UPDATE `moltlock_locks` SET expires_at = {MYSQL_NOW} \
+         WHERE lock_key = ? AND owner = ? AND expires_at > {MYSQL_NOW}"
     )
 }
 
@@ -247,6 +250,7 @@ impl Floor {
                 let done = sqlx::query(&mysql_acquire())
                     .bind(key)
                     .bind(&token)
+                    .bind(key)
                     .bind(micros)
                     .execute(p)
                     .await
@@ -257,7 +261,7 @@ impl Floor {
                     .execute(p)
                     .await
                     .map_err(err)?;
-                done.rows_affected() > 0
+                done.last_insert_id() > 0
             }
         };
         if taken {
