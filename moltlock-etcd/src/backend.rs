@@ -406,8 +406,6 @@ impl Shared {
         }
     }
 
-    /// Whether each `(key, token)` still holds, in Txns of at most
-    /// [`TXN_CHUNK`] reads.
     /// Which of `items` (all on lease `lease`) still hold their keys: one
     /// lease query for the keys whose last write by this session is known,
     /// a read for the rest (and for all, should the query fail).
@@ -455,6 +453,8 @@ impl Shared {
         }
     }
 
+    /// Whether each `(key, token)` still holds, in Txns of at most
+    /// [`TXN_CHUNK`] reads.
     async fn still_held(&self, items: &[&RenewItem]) -> Result<Vec<bool>, Error> {
         let mut out = Vec::with_capacity(items.len());
         for chunk in items.chunks(TXN_CHUNK) {
