@@ -6,16 +6,18 @@
 //! |---|---|---|
 //! | Redis | `SET k t NX PX ttl` | the compare-and-`DEL` script (`EVALSHA`) |
 //! | etcd | `Txn(if create_revision(k) == 0 then put(k, t, lease) else get(k))` | `Txn(if value(k) == t then delete(k))` |
-//! | Postgres | the backend's `INSERT … ON CONFLICT … WHERE expires_at <= now()` | its `DELETE … RETURNING` with `pg_notify` |
-//! | SQLite | the backend's `INSERT … ON CONFLICT` (autocommit) | its `DELETE` (autocommit) |
-//! | MySQL | the backend's `INSERT … ON DUPLICATE KEY UPDATE` (fence through `LAST_INSERT_ID`) | its `UPDATE` that expires the row |
+//! | Postgres, SQLite, MySQL | the backend's own `cas` (its one conditional insert), called without the manager | the backend's own owner-checked `delete` |
+//!
+//! The SQL floors call the backend directly, so they always issue exactly
+//! the statements the backend does.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-use moltlock::Store;
+use moltlock::{Backend, CasOutcome, LockKey, Store, Token};
 use redis::aio::ConnectionManager;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgPool, PgPoolOptions};
@@ -32,62 +34,6 @@ const POOL: u32 = 10;
 
 const REDIS_CAD: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
-
-const PG_ACQUIRE: &str = "WITH ins AS (INSERT INTO \"moltlock_locks\" AS l \
-    (key, owner, fence, expires_at, acquired_at) \
-    VALUES ($1, $2, nextval('\"moltlock_locks_fence\"'), now() + $3::bigint * interval '1 millisecond', now()) \
-    ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, fence = EXCLUDED.fence, \
-    expires_at = EXCLUDED.expires_at, acquired_at = EXCLUDED.acquired_at \
-    WHERE l.expires_at <= now() RETURNING fence) \
-    SELECT fence, NULL::text AS owner, NULL::bigint AS left_ms FROM ins \
-    UNION ALL SELECT NULL, owner, (extract(epoch FROM expires_at - now()) * 1000)::bigint \
-    FROM \"moltlock_locks\" WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)";
-const PG_DELETE: &str = "WITH d AS (DELETE FROM \"moltlock_locks\" WHERE key = $1 AND owner = $2 \
-    AND expires_at > now() RETURNING key) SELECT count(pg_notify($3, key)) FROM d";
-const PG_CHANNEL: &str = "moltlock_moltlock_locks";
-
-const SQLITE_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
-const MYSQL_NOW: &str = "UTC_TIMESTAMP(6)";
-const MYSQL_MICROS: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
-
-fn sqlite_acquire() -> String {
-    let now = SQLITE_NOW;
-    format!(
-        "INSERT INTO \"moltlock_locks\" (key, owner, fence, expires_at, acquired_at) \
-         VALUES (?1, ?2, (SELECT value + 1 FROM \"moltlock_locks_fence\" WHERE id = 1), {now} + ?3, {now}) \
-         ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, \
-         expires_at = excluded.expires_at, acquired_at = excluded.acquired_at \
-         WHERE \"moltlock_locks\".expires_at <= {now} RETURNING fence"
-    )
-}
-
-fn sqlite_delete() -> String {
-    format!(
-        "DELETE FROM \"moltlock_locks\" WHERE key = ?1 AND owner = ?2 AND expires_at > {SQLITE_NOW}"
-    )
-}
-
-fn mysql_acquire() -> String {
-    let (now, free) = (MYSQL_NOW, format!("expires_at <= {MYSQL_NOW}"));
-    format!(
-        "INSERT INTO `moltlock_locks` (lock_key, owner, fence, expires_at, acquired_at) \
-         VALUES (?, ?, LAST_INSERT_ID(GREATEST({MYSQL_MICROS}, COALESCE((SELECT floor + 1 \
-         FROM `moltlock_locks_floor` f WHERE f.lock_key = ?), 0))), {now} + INTERVAL ? MICROSECOND, {now}) \
-         ON DUPLICATE KEY UPDATE \
-         owner = IF({free}, VALUES(owner), owner), \
-         fence = IF({free}, LAST_INSERT_ID(GREATEST(fence + 1, VALUES(fence))), \
-         fence + LAST_INSERT_ID(0)), \
-         acquired_at = IF({free}, VALUES(acquired_at), acquired_at), \
-         expires_at = IF({free}, VALUES(expires_at), expires_at)"
-    )
-}
-
-fn mysql_delete() -> String {
-    format!(
-        "UPDATE `moltlock_locks` SET expires_at = {MYSQL_NOW} \
-         WHERE lock_key = ? AND owner = ? AND expires_at > {MYSQL_NOW}"
-    )
-}
 
 /// A direct client of one store, issuing the floor's commands.
 #[derive(Clone)]
@@ -108,12 +54,27 @@ pub enum Floor {
         /// The key prefix the backend uses in this run.
         prefix: String,
     },
-    /// Postgres through sqlx.
-    Postgres(PgPool),
-    /// SQLite through sqlx.
-    Sqlite(SqlitePool),
-    /// MySQL or MariaDB through sqlx.
-    Mysql(MySqlPool),
+    /// Postgres: the backend, and a pool for the bare round trip.
+    Postgres {
+        /// The backend, used without a manager.
+        backend: Arc<dyn Backend>,
+        /// A pool of its own for `SELECT 1`.
+        pool: PgPool,
+    },
+    /// SQLite: the backend, and a pool for the bare round trip.
+    Sqlite {
+        /// The backend, used without a manager.
+        backend: Arc<dyn Backend>,
+        /// A pool of its own for `SELECT 1`.
+        pool: SqlitePool,
+    },
+    /// MySQL or MariaDB: the backend, and a pool for the bare round trip.
+    Mysql {
+        /// The backend, used without a manager.
+        backend: Arc<dyn Backend>,
+        /// A pool of its own for `SELECT 1`.
+        pool: MySqlPool,
+    },
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -149,7 +110,10 @@ impl Floor {
             }
             Store::Postgres => {
                 let pool = PgPoolOptions::new().max_connections(POOL);
-                Ok(Self::Postgres(pool.connect(&t.url).await.map_err(err)?))
+                Ok(Self::Postgres {
+                    backend: t.backend().await?,
+                    pool: pool.connect(&t.url).await.map_err(err)?,
+                })
             }
             Store::Sqlite => {
                 let opts = SqliteConnectOptions::from_str(&t.url)
@@ -158,11 +122,17 @@ impl Floor {
                     .synchronous(SqliteSynchronous::Normal)
                     .busy_timeout(Duration::from_secs(10));
                 let pool = SqlitePoolOptions::new().max_connections(POOL);
-                Ok(Self::Sqlite(pool.connect_with(opts).await.map_err(err)?))
+                Ok(Self::Sqlite {
+                    backend: t.backend().await?,
+                    pool: pool.connect_with(opts).await.map_err(err)?,
+                })
             }
             Store::Mysql => {
                 let pool = MySqlPoolOptions::new().max_connections(POOL);
-                Ok(Self::Mysql(pool.connect(&t.url).await.map_err(err)?))
+                Ok(Self::Mysql {
+                    backend: t.backend().await?,
+                    pool: pool.connect(&t.url).await.map_err(err)?,
+                })
             }
             #[allow(unreachable_patterns)]
             other => Err(format!("{other:?} is not a store the harness measures")),
@@ -183,14 +153,14 @@ impl Floor {
                 let mut kv = client.kv_client();
                 kv.get(format!("{prefix}rtt"), None).await.map_err(err)?;
             }
-            Self::Postgres(p) => {
-                sqlx::query("SELECT 1").execute(p).await.map_err(err)?;
+            Self::Postgres { pool, .. } => {
+                sqlx::query("SELECT 1").execute(pool).await.map_err(err)?;
             }
-            Self::Sqlite(p) => {
-                sqlx::query("SELECT 1").execute(p).await.map_err(err)?;
+            Self::Sqlite { pool, .. } => {
+                sqlx::query("SELECT 1").execute(pool).await.map_err(err)?;
             }
-            Self::Mysql(p) => {
-                sqlx::query("SELECT 1").execute(p).await.map_err(err)?;
+            Self::Mysql { pool, .. } => {
+                sqlx::query("SELECT 1").execute(pool).await.map_err(err)?;
             }
         }
         Ok(())
@@ -202,7 +172,6 @@ impl Floor {
     /// Store errors, or a message when the free key was not taken.
     pub async fn acquire_release(&self, key: &str) -> Result<(), String> {
         let token = uuid::Uuid::new_v4().to_string();
-        let ttl_ms = i64::try_from(TTL.as_millis()).unwrap_or(i64::MAX);
         let taken = match self {
             Self::Redis { conn, prefix } => {
                 redis_cycle(conn, &format!("{prefix}{{{key}}}"), &token).await?
@@ -212,57 +181,9 @@ impl Floor {
                 lease,
                 prefix,
             } => etcd_cycle(client, *lease, format!("{prefix}{key}"), &token).await?,
-            Self::Postgres(p) => {
-                let row: Option<(Option<i64>,)> = sqlx::query_as(PG_ACQUIRE)
-                    .bind(key)
-                    .bind(&token)
-                    .bind(ttl_ms)
-                    .fetch_optional(p)
-                    .await
-                    .map_err(err)?;
-                let _: i64 = sqlx::query_scalar(PG_DELETE)
-                    .bind(key)
-                    .bind(&token)
-                    .bind(PG_CHANNEL)
-                    .fetch_one(p)
-                    .await
-                    .map_err(err)?;
-                row.is_some_and(|r| r.0.is_some())
-            }
-            Self::Sqlite(p) => {
-                let fence: Option<i64> = sqlx::query_scalar(&sqlite_acquire())
-                    .bind(key)
-                    .bind(&token)
-                    .bind(ttl_ms)
-                    .fetch_optional(p)
-                    .await
-                    .map_err(err)?;
-                sqlx::query(&sqlite_delete())
-                    .bind(key)
-                    .bind(&token)
-                    .execute(p)
-                    .await
-                    .map_err(err)?;
-                fence.is_some()
-            }
-            Self::Mysql(p) => {
-                let micros = ttl_ms.saturating_mul(1000);
-                let done = sqlx::query(&mysql_acquire())
-                    .bind(key)
-                    .bind(&token)
-                    .bind(key)
-                    .bind(micros)
-                    .execute(p)
-                    .await
-                    .map_err(err)?;
-                sqlx::query(&mysql_delete())
-                    .bind(key)
-                    .bind(&token)
-                    .execute(p)
-                    .await
-                    .map_err(err)?;
-                done.last_insert_id() > 0
-            }
+            Self::Postgres { backend, .. }
+            | Self::Sqlite { backend, .. }
+            | Self::Mysql { backend, .. } => backend_cycle(backend.as_ref(), key).await?,
         };
         if taken {
             Ok(())
@@ -293,6 +214,18 @@ impl Floor {
             _ => Ok(()),
         }
     }
+}
+
+/// The backend's own `cas` of a free key, then its `delete`.
+async fn backend_cycle(backend: &dyn Backend, key: &str) -> Result<bool, String> {
+    let key = LockKey::new(key).map_err(err)?;
+    let token = Token::random();
+    let taken = matches!(
+        backend.cas(&key, None, &token, TTL).await.map_err(err)?,
+        CasOutcome::Acquired { .. }
+    );
+    let released = backend.delete(&key, &token).await.map_err(err)?;
+    Ok(taken && released)
 }
 
 async fn redis_cycle(conn: &ConnectionManager, key: &str, token: &str) -> Result<bool, String> {

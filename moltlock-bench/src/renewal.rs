@@ -173,7 +173,7 @@ async fn store_ops(t: &Target, floor: &Floor) -> Option<u64> {
                 .ok()?;
             Some(redis_calls(&info))
         }
-        (Store::Postgres, Floor::Postgres(pool)) => {
+        (Store::Postgres, Floor::Postgres { pool, .. }) => {
             let sql = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
             let n: i64 = sqlx::query_scalar(sql).fetch_one(pool).await.ok()?;
             u64::try_from(n).ok()

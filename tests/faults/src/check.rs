@@ -41,30 +41,30 @@ pub fn check(log: &Log) -> Verdict {
     let mut v = Verdict {
         acquisitions: log.events.iter().filter(|e| e.kind == "acquired").count(),
         sections: log.sections.len(),
-        valid_sections: log.sections.iter().filter(|s| s.valid).count(),
+        valid_sections: log.sections.iter().filter(|s| s.report.valid).count(),
         refused_writes: log.writes.iter().filter(|w| !w.accepted).count(),
         violations: Vec::new(),
     };
-    let mut valid: Vec<_> = log.sections.iter().filter(|s| s.valid).collect();
-    valid.sort_by_key(|s| s.start);
+    let mut valid: Vec<_> = log.sections.iter().filter(|s| s.report.valid).collect();
+    valid.sort_by_key(|s| s.report.start);
     for (i, a) in valid.iter().enumerate() {
         for b in valid.iter().skip(i + 1) {
-            if b.start >= a.end {
+            if b.report.start >= a.report.end {
                 break;
             }
-            if a.worker != b.worker || a.fence != b.fence {
+            if a.worker != b.worker || a.report.fence != b.report.fence {
                 v.violations.push(format!(
                     "overlap: {} (fence {}) held [{}, {}] while {} (fence {}) held [{}, {}] \
                      ({} µs in common), both valid",
                     a.worker,
-                    a.fence,
-                    a.start,
-                    a.end,
+                    a.report.fence,
+                    a.report.start,
+                    a.report.end,
                     b.worker,
-                    b.fence,
-                    b.start,
-                    b.end,
-                    (a.end.min(b.end) - b.start) / 1000
+                    b.report.fence,
+                    b.report.start,
+                    b.report.end,
+                    (a.report.end.min(b.report.end) - b.report.start) / 1000
                 ));
             }
         }
@@ -72,29 +72,31 @@ pub fn check(log: &Log) -> Verdict {
     let mut believed: Vec<_> = log
         .sections
         .iter()
-        .filter(|s| !s.valid && s.last_held > s.start)
+        .filter(|s| !s.report.valid && s.report.last_held > s.report.start)
         .chain(valid.iter().copied())
         .collect();
-    believed.sort_by_key(|s| s.start);
+    believed.sort_by_key(|s| s.report.start);
     for (i, a) in believed.iter().enumerate() {
         for b in believed.iter().skip(i + 1) {
-            if b.start >= a.last_held {
+            if b.report.start >= a.report.last_held {
                 continue;
             }
-            if (a.valid && b.valid) || (a.worker == b.worker && a.fence == b.fence) {
+            if (a.report.valid && b.report.valid)
+                || (a.worker == b.worker && a.report.fence == b.report.fence)
+            {
                 continue; // already reported above, or the same hold
             }
-            if b.start < a.last_held && a.start < b.last_held {
+            if b.report.start < a.report.last_held && a.report.start < b.report.last_held {
                 v.violations.push(format!(
                     "belief overlap: {} (fence {}) saw its hold valid until {} while {} \
                      (fence {}) held from {} ({} µs in common)",
                     a.worker,
-                    a.fence,
-                    a.last_held,
+                    a.report.fence,
+                    a.report.last_held,
                     b.worker,
-                    b.fence,
-                    b.start,
-                    (a.last_held.min(b.last_held) - b.start) / 1000
+                    b.report.fence,
+                    b.report.start,
+                    (a.report.last_held.min(b.report.last_held) - b.report.start) / 1000
                 ));
             }
         }

@@ -11,6 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use moltlock_conformance::fixtures::signal;
+
 use crate::check::{check, Verdict};
 use crate::now_ns;
 use crate::proxy::{Mode, Proxy};
@@ -101,22 +103,8 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        let _ = crate::harness::signal(self.child.id(), "CONT");
+        let _ = signal(self.child.id(), "CONT");
         self.kill();
-    }
-}
-
-/// Sends `sig` to `pid` with the `kill` command.
-pub fn signal(pid: u32, sig: &str) -> Result<(), String> {
-    let status = Command::new("kill")
-        .args(["-s", sig, &pid.to_string()])
-        .stderr(Stdio::null())
-        .status()
-        .map_err(|e| format!("kill -s {sig}: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("kill -s {sig} {pid}: {status}"))
     }
 }
 
@@ -602,8 +590,12 @@ pub fn holder_paused(h: &Harness, target: &Target, unsafe_holder: bool) -> Outco
     out.log = Some(log.clone());
     if !unsafe_holder {
         match log.sections.iter().find(|s| s.worker == "paused") {
-            Some(s) if s.second_write => out.fail("the paused holder's late write was accepted"),
-            Some(s) if s.valid => out.fail("the paused holder reported its section as valid"),
+            Some(s) if s.report.second_write => {
+                out.fail("the paused holder's late write was accepted")
+            }
+            Some(s) if s.report.valid => {
+                out.fail("the paused holder reported its section as valid")
+            }
             Some(_) => {}
             None => out.fail("the paused holder reported no section"),
         }
@@ -623,7 +615,7 @@ pub fn holder_paused(h: &Harness, target: &Target, unsafe_holder: bool) -> Outco
     out.note = format!(
         "paused fence {fence}; late write {}; lost() {}",
         match late {
-            Some(s) if s.second_write => "ACCEPTED",
+            Some(s) if s.report.second_write => "ACCEPTED",
             Some(_) => "refused",
             None => "missing",
         },
@@ -713,8 +705,10 @@ pub fn connection_cut(h: &Harness, target: &Target, mode: Mode) -> Outcome {
     out.verdict = check(&log);
     out.log = Some(log.clone());
     match log.sections.iter().find(|s| s.worker == "cut") {
-        Some(s) if s.second_write => out.fail("the cut-off holder's late write was accepted"),
-        Some(s) if s.valid => out.fail("the cut-off holder reported its section as valid"),
+        Some(s) if s.report.second_write => {
+            out.fail("the cut-off holder's late write was accepted")
+        }
+        Some(s) if s.report.valid => out.fail("the cut-off holder reported its section as valid"),
         Some(_) => {}
         None => out.fail("the cut-off holder reported no section"),
     }

@@ -110,20 +110,9 @@ impl Reporter {
     /// # Errors
     /// When the service cannot be reached.
     pub async fn section(&mut self, s: &SectionReport) -> Result<(), String> {
-        let b = |x: bool| u8::from(x);
-        self.call(format!(
-            "section {} {} {} {} {} {} {} {}",
-            self.id,
-            s.fence,
-            s.start,
-            s.end,
-            s.last_held,
-            b(s.valid),
-            b(s.first_write),
-            b(s.second_write)
-        ))
-        .await
-        .map(drop)
+        self.call(format!("section {} {}", self.id, s.words()))
+            .await
+            .map(drop)
     }
 }
 
@@ -144,4 +133,61 @@ pub struct SectionReport {
     pub first_write: bool,
     /// Whether the second (possibly late) write was accepted.
     pub second_write: bool,
+}
+
+impl SectionReport {
+    /// The report as the service's protocol carries it: eight numbers
+    /// separated by spaces (flags as 0 or 1).
+    pub fn words(&self) -> String {
+        let b = |x: bool| u8::from(x);
+        format!(
+            "{} {} {} {} {} {} {}",
+            self.fence,
+            self.start,
+            self.end,
+            self.last_held,
+            b(self.valid),
+            b(self.first_write),
+            b(self.second_write)
+        )
+    }
+
+    /// Reads what [`words`](Self::words) wrote; `None` if malformed.
+    pub fn parse(words: &[&str]) -> Option<Self> {
+        let num = |i: usize| words.get(i).and_then(|s| s.parse::<u128>().ok());
+        let flag = |i: usize| num(i).map(|v| v == 1);
+        Some(Self {
+            fence: u64::try_from(num(0)?).ok()?,
+            start: num(1)?,
+            end: num(2)?,
+            last_held: num(3)?,
+            valid: flag(4)?,
+            first_write: flag(5)?,
+            second_write: flag(6)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SectionReport;
+
+    #[test]
+    fn section_report_reads_back_what_it_writes() {
+        let r = SectionReport {
+            fence: 7,
+            start: 10,
+            end: 20,
+            last_held: 19,
+            valid: false,
+            first_write: true,
+            second_write: false,
+        };
+        let text = r.words();
+        let words: Vec<&str> = text.split(' ').collect();
+        let back = SectionReport::parse(&words).unwrap();
+        assert_eq!(back.words(), text);
+        assert!(SectionReport::parse(&words[..6]).is_none());
+        assert!(SectionReport::parse(&["x"; 7]).is_none());
+    }
 }

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::now_ns;
+use crate::{now_ns, SectionReport};
 
 /// One write the fenced resource decided on.
 #[derive(Clone, Debug)]
@@ -38,21 +38,8 @@ pub struct Write {
 pub struct Section {
     /// The worker.
     pub worker: String,
-    /// The fence of its hold.
-    pub fence: u64,
-    /// Start (wall ns), taken right after the validity check.
-    pub start: u128,
-    /// End (wall ns), taken right before the validity check.
-    pub end: u128,
-    /// The last instant the worker saw `is_held()` true during the section
-    /// (sampled every few milliseconds; `end` when valid at the end).
-    pub last_held: u128,
-    /// Whether the hold was valid before and after (so throughout).
-    pub valid: bool,
-    /// Whether the first write was accepted.
-    pub first_write: bool,
-    /// Whether the second (possibly late) write was accepted.
-    pub second_write: bool,
+    /// What it reported.
+    pub report: SectionReport,
 }
 
 /// One event a worker reported.
@@ -189,38 +176,15 @@ fn handle(line: &str, state: &Mutex<Log>, ignore_fences: bool) -> String {
         }
         Some("section") => {
             let f: Vec<&str> = line.split(' ').collect();
-            let num = |i: usize| f.get(i).and_then(|s| s.parse::<u128>().ok());
-            let (
-                Some(worker),
-                Some(fence),
-                Some(start),
-                Some(end),
-                Some(last_held),
-                Some(v),
-                Some(w1),
-                Some(w2),
-            ) = (
+            let (Some(worker), Some(report)) = (
                 f.get(1),
-                num(2),
-                num(3),
-                num(4),
-                num(5),
-                num(6),
-                num(7),
-                num(8),
-            )
-            else {
+                SectionReport::parse(f.get(2..).unwrap_or_default()),
+            ) else {
                 return "error bad section".into();
             };
             lock(state).sections.push(Section {
                 worker: (*worker).to_owned(),
-                fence: u64::try_from(fence).unwrap_or(u64::MAX),
-                start,
-                end,
-                last_held,
-                valid: v == 1,
-                first_write: w1 == 1,
-                second_write: w2 == 1,
+                report,
             });
             "ok".into()
         }

@@ -20,6 +20,7 @@
 use std::time::Duration;
 
 use moltlock::LockManager;
+use moltlock_conformance::fixtures::signal;
 use moltlock_faults::{now_ns, Reporter, SectionReport};
 
 struct Args {
@@ -104,19 +105,6 @@ async fn connect(url: &str) -> Result<std::sync::Arc<dyn moltlock::Backend>, Str
     }
 }
 
-fn stop_self() -> Result<(), String> {
-    let pid = std::process::id().to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-s", "STOP", &pid])
-        .status()
-        .map_err(|e| format!("kill -s STOP: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("kill -s STOP {pid}: {status}"))
-    }
-}
-
 async fn run(args: Args) -> Result<(), String> {
     let mut rep = Reporter::connect(&args.service, &args.id).await?;
     let backend = connect(&args.url).await?;
@@ -147,7 +135,7 @@ async fn run(args: Args) -> Result<(), String> {
         if args.pause_round == Some(round) {
             rep.event("pausing", fence, now_ns(), &std::process::id().to_string())
                 .await?;
-            stop_self()?;
+            signal(std::process::id(), "STOP")?;
             rep.event("resumed", fence, now_ns(), "").await?;
         }
         let mut lost_seen = false;
