@@ -13,8 +13,6 @@
 //!
 //! ```sql
 //! CREATE SEQUENCE IF NOT EXISTS "moltlock_locks_fence";
-//! -- per-key fence offsets, raised only while migrating between stores
-//! CREATE TABLE IF NOT EXISTS "moltlock_locks_offset" (key text PRIMARY KEY, off bigint NOT NULL);
 //! CREATE TABLE IF NOT EXISTS "moltlock_locks" (
 //!     key         text        PRIMARY KEY,
 //!     owner       text        NOT NULL,
@@ -28,11 +26,19 @@
 //!
 //! - Expiry compares `expires_at` with the server's `now()`; client clocks
 //!   never enter into it.
-//! - Fences come from the sequence (plus a per-key offset that only
-//!   [`Backend::raise_fence`] sets, when migrating from another store): durable and strictly increasing across
+//! - Fences: a fresh acquisition's fence is `max(the key's last fence + 1,
+//!   nextval of the sequence)`. A release expires the row instead of
+//!   deleting it, so the key's last fence is always there to exceed, even
+//!   for a statement that drew its `nextval` before waiting on another
+//!   acquisition's row lock. Fences of a key strictly increase across
 //!   releases, expiry, client restarts and server restarts (after a crash a
-//!   sequence may skip values, never repeat them). Released rows are deleted;
-//!   the fence history lives in the sequence.
+//!   sequence may skip values, never repeat them).
+//! - Retention: a row expired for longer than [`RETENTION`] is deleted (on
+//!   connect, and after every 1,024th release of a backend). That cannot take
+//!   fences back: the sequence is past every fence ever stored
+//!   ([`Backend::raise_fence`] moves it too), so the next `nextval` exceeds
+//!   the deleted row's fence. Storage is one row (about 120 bytes plus the
+//!   key) per key locked within the retention window.
 //! - Waiters `LISTEN` on one channel per table over one connection per
 //!   backend, opened before their first attempt; a release sends `NOTIFY` in
 //!   the same statement. When that connection drops, every waiter is woken to
@@ -45,6 +51,7 @@
 //!   manager.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,6 +72,12 @@ use crate::SqlConfig;
 
 const NAME: &str = "postgres";
 
+/// How long an expired or released row is kept before it is swept.
+pub const RETENTION: Duration = Duration::from_secs(3600);
+
+/// One release in this many also sweeps expired rows.
+const SWEEP_EVERY: u64 = 1024;
+
 /// The SQL of one table, built once from validated names.
 struct Statements {
     acquire: String,
@@ -73,6 +86,7 @@ struct Statements {
     delete: String,
     renew_many: String,
     raise: String,
+    sweep: String,
     inspect: String,
     list: String,
     ddl: Vec<String>,
@@ -88,9 +102,6 @@ impl Statements {
         };
         let t = q(table);
         let seq = q(&format!("{table}_fence"));
-        let offsets = q(&format!("{table}_offset"));
-        let next =
-            format!("nextval('{seq}') + COALESCE((SELECT off FROM {offsets} WHERE key = $1), 0)");
         let ms = "$3::bigint * interval '1 millisecond'";
         let left = "(extract(epoch FROM expires_at - now()) * 1000)::bigint";
         let mut ddl = Vec::new();
@@ -99,22 +110,24 @@ impl Statements {
         }
         ddl.push(format!("CREATE SEQUENCE IF NOT EXISTS {seq}"));
         ddl.push(format!(
-            "CREATE TABLE IF NOT EXISTS {offsets} (key text PRIMARY KEY, off bigint NOT NULL)"
-        ));
-        ddl.push(format!(
             "CREATE {}TABLE IF NOT EXISTS {t} (\n    key text PRIMARY KEY,\n    owner text NOT NULL,\n    \
              fence bigint NOT NULL,\n    expires_at timestamptz NOT NULL,\n    acquired_at timestamptz NOT NULL\n)",
             if cfg.unlogged { "UNLOGGED " } else { "" }
         ));
         Ok(Self {
+            // The new fence is drawn in the VALUES row before the conflict is
+            // resolved, so a statement that waited on a row lock may carry an
+            // older draw than the hold it replaces: `GREATEST` with the row's
+            // own last fence keeps fences of the key rising.
             acquire: format!(
                 "WITH ins AS (INSERT INTO {t} AS l (key, owner, fence, expires_at, acquired_at) \
-                 VALUES ($1, $2, {next}, now() + {ms}, now()) \
-                 ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, fence = EXCLUDED.fence, \
+                 VALUES ($1, $2, nextval('{seq}'), now() + {ms}, now()) \
+                 ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, \
+                 fence = GREATEST(l.fence + 1, EXCLUDED.fence), \
                  expires_at = EXCLUDED.expires_at, acquired_at = EXCLUDED.acquired_at \
                  WHERE l.expires_at <= now() RETURNING fence) \
                  SELECT fence, NULL::text AS owner, NULL::bigint AS left_ms FROM ins \
-                 UNION ALL SELECT NULL, owner, {left} FROM {t} \
+                 UNION ALL SELECT NULL, owner, GREATEST({left}, 0) FROM {t} \
                  WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
             ),
             renew: format!(
@@ -122,12 +135,15 @@ impl Statements {
                  WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence"
             ),
             transfer: format!(
-                "UPDATE {t} SET owner = $4, fence = {next}, acquired_at = now(), \
-                 expires_at = now() + {ms} \
+                "UPDATE {t} SET owner = $4, fence = GREATEST(fence + 1, nextval('{seq}')), \
+                 acquired_at = now(), expires_at = now() + {ms} \
                  WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence"
             ),
+            // A release expires the row instead of deleting it, so the key's
+            // last fence stays there for the next acquisition to exceed.
             delete: format!(
-                "WITH d AS (DELETE FROM {t} WHERE key = $1 AND owner = $2 AND expires_at > now() \
+                "WITH d AS (UPDATE {t} SET expires_at = now() \
+                 WHERE key = $1 AND owner = $2 AND expires_at > now() \
                  RETURNING key) SELECT count(pg_notify($3, key)) FROM d"
             ),
             renew_many: format!(
@@ -136,9 +152,17 @@ impl Statements {
                  WHERE l.key = x.key AND l.owner = x.owner AND l.expires_at > now() \
                  RETURNING l.key, l.owner"
             ),
+            // A max on the key's row (an expired placeholder when the key has
+            // none), and the sequence moved past the floor so that a row
+            // swept later cannot take the key's fences below it.
             raise: format!(
-                "INSERT INTO {offsets} AS o (key, off) SELECT $1, $2 - last_value FROM {seq} \
-                 ON CONFLICT (key) DO UPDATE SET off = GREATEST(o.off, EXCLUDED.off)"
+                "WITH s AS (SELECT setval('{seq}', GREATEST(last_value, $2)) FROM {seq}) \
+                 INSERT INTO {t} AS l (key, owner, fence, expires_at, acquired_at) \
+                 SELECT $1, '', $2, now(), now() FROM s \
+                 ON CONFLICT (key) DO UPDATE SET fence = GREATEST(l.fence, EXCLUDED.fence)"
+            ),
+            sweep: format!(
+                "DELETE FROM {t} WHERE expires_at < now() - $1::bigint * interval '1 millisecond'"
             ),
             inspect: format!(
                 "SELECT key, owner, fence, {left} FROM {t} WHERE key = $1 AND expires_at > now()"
@@ -158,6 +182,7 @@ struct Inner {
     channel: String,
     events: Arc<KeyEvents>,
     listener: OnceCell<JoinHandle<()>>,
+    releases: AtomicU64,
 }
 
 impl Drop for Inner {
@@ -210,11 +235,13 @@ impl PostgresBackend {
                 channel: format!("moltlock_{}", cfg.table),
                 events: Arc::new(KeyEvents::new()),
                 listener: OnceCell::new(),
+                releases: AtomicU64::new(0),
             }),
         };
         if cfg.auto_migrate {
             backend.migrate().await?;
         }
+        backend.sweep().await?;
         Ok(backend)
     }
 
@@ -244,6 +271,33 @@ impl PostgresBackend {
                 .map_err(|e| map(NAME, e))?;
         }
         tx.commit().await.map_err(|e| map(NAME, e))
+    }
+
+    /// Deletes rows expired for longer than [`RETENTION`]; returns how many.
+    ///
+    /// # Errors
+    /// Store errors.
+    pub async fn sweep(&self) -> Result<u64, Error> {
+        let done = sqlx::query(&self.inner.sql.sweep)
+            .bind(millis(RETENTION))
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(done.rows_affected())
+    }
+
+    /// Sweeps in the background after every [`SWEEP_EVERY`]th release.
+    fn count_release(&self) {
+        let n = self.inner.releases.fetch_add(1, Ordering::Relaxed) + 1;
+        if n % SWEEP_EVERY != 0 {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = this.sweep().await {
+                tracing::debug!(error = %e, "sweeping expired rows failed");
+            }
+        });
     }
 
     /// The pool, for tests and tools.
@@ -361,6 +415,9 @@ impl Backend for PostgresBackend {
             .fetch_one(&self.inner.pool)
             .await
             .map_err(|e| map(NAME, e))?;
+        if n > 0 {
+            self.count_release();
+        }
         Ok(n > 0)
     }
 
@@ -385,8 +442,8 @@ impl Backend for PostgresBackend {
         Ok(Some(self.inner.events.subscribe(key.as_str())))
     }
 
-    /// Lifts the key's offset so that `nextval + offset` exceeds `floor`: the
-    /// sequence only grows, so every later fence of the key does too.
+    /// Raises the key's last fence (and the sequence) to at least `floor`;
+    /// never lowers either, so every later fence of the key exceeds both.
     async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
         let floor = i64::try_from(floor.get())
             .map_err(|_| Error::Config(format!("fence floor {floor} exceeds bigint")))?;
