@@ -28,6 +28,10 @@ pub struct LostEvent {
     pub reason: LostReason,
 }
 
+/// How many times in a row an acquire retries at once after the store
+/// answered with the caller's own hold, before it backs off as usual.
+const SELF_HELD_RETRIES: u32 = 3;
+
 type LostCallback = Arc<dyn Fn(&LostEvent) + Send + Sync>;
 
 #[derive(Clone)]
@@ -370,6 +374,19 @@ impl LockManager {
                     tracing::debug!(%key, %fence, waited = ?started.elapsed(), "lock acquired");
                     return Ok(Some(self.guard(key, token, fence, ttl, sent_at)));
                 }
+                Ok(CasOutcome::Held(held)) if held.holder.as_ref() == Some(&token) => {
+                    // Our own request applied twice (a client that re-sent it
+                    // after a lost reply): the hold is ours, but its fence is
+                    // unknown. Give it back and try again at once.
+                    tracing::debug!(%key, "the store answered with our own hold; retrying");
+                    if backend.delete(key, &token).await.is_ok() {
+                        pending.disarm();
+                    }
+                    drop(pending);
+                    if attempt >= SELF_HELD_RETRIES {
+                        self.pause(&mut watch, &held, attempt).await;
+                    }
+                }
                 Ok(CasOutcome::Held(held)) => {
                     pending.disarm();
                     if opts.no_wait {
@@ -395,12 +412,47 @@ impl LockManager {
                 what: "fair queue",
             });
         }
-        let token = Token::random();
-        let mut pending = PendingAcquire::new(self.inner.clone(), key, &token);
-        let fence = self.inner.backend.fair_acquire(key, &token, ttl).await?;
-        let sent_at = Instant::now();
-        pending.disarm();
-        Ok(self.guard(key, token, fence, ttl, sent_at))
+        loop {
+            let token = Token::random();
+            let mut pending = PendingAcquire::new(self.inner.clone(), key, &token);
+            // The store may start the TTL at any point of the call, so the
+            // validity deadline counts from before it, as on every path.
+            let sent_at = Instant::now();
+            let fence = self.inner.backend.fair_acquire(key, &token, ttl).await?;
+            match self.confirm_late_grant(key, &token, ttl, sent_at).await {
+                Ok(Some(sent_at)) => {
+                    pending.disarm();
+                    return Ok(self.guard(key, token, fence, ttl, sent_at));
+                }
+                Ok(None) => {
+                    pending.disarm();
+                    tracing::debug!(%key, "fair grant expired before it was confirmed; queueing again");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A grant whose call took long (a long wait in the queue) may have
+    /// little validity left: renew it at once. Returns the instant the
+    /// confirming request was sent, or `None` when the hold is gone.
+    async fn confirm_late_grant(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+        sent_at: Instant,
+    ) -> Result<Option<Instant>, Error> {
+        let expiry = self.inner.backend.earliest_expiry(ttl, sent_at);
+        let left = expiry.saturating_duration_since(Instant::now());
+        if left.mul_f64(1.0 - self.inner.cfg.drift) > ttl / 3 {
+            return Ok(Some(sent_at));
+        }
+        let renew_at = Instant::now();
+        match self.inner.backend.cas(key, Some(token), token, ttl).await? {
+            CasOutcome::Acquired { .. } => Ok(Some(renew_at)),
+            CasOutcome::Held(_) => Ok(None),
+        }
     }
 
     async fn open_watch(&self, key: &LockKey) -> Option<Box<dyn ReleaseWatch>> {
