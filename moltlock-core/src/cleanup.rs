@@ -8,32 +8,35 @@ use crate::{Backend, LockKey, Token};
 
 /// Pauses before each further delete of a cancelled acquisition: its request
 /// may still be in flight (on another connection, or in a blocking task) and
-/// land after the first delete.
-const CANCELLED_RETRIES: [Duration; 4] = [
+/// land after the first delete. The last pause repeats until the backend's
+/// [`late_write`](crate::Capabilities::late_write) bound has passed.
+const CANCELLED_PAUSES: [Duration; 4] = [
     Duration::from_millis(50),
     Duration::from_millis(200),
     Duration::from_secs(1),
     Duration::from_secs(3),
 ];
 
-/// Spawns an owner-checked delete bounded by `timeout`; with `in_flight`, it
-/// tries again at growing pauses until a delete succeeds or time runs out.
-/// Without a tokio runtime it does nothing: the hold then lives until its TTL.
+/// Spawns an owner-checked delete bounded by `timeout`. With `late_write`
+/// (a cancelled acquisition whose request may still land), it deletes again
+/// at growing pauses until a delete succeeds or that bound has passed, and
+/// the time limit is `timeout` on top of the bound. Without a tokio runtime
+/// it does nothing: the hold then lives until its TTL.
 pub(crate) fn spawn_release(
     backend: Arc<dyn Backend>,
     key: LockKey,
     token: Token,
     timeout: Duration,
-    in_flight: bool,
+    late_write: Option<Duration>,
 ) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         tracing::debug!(%key, "no runtime; the hold lives until its TTL");
         return;
     };
-    let pauses: &'static [Duration] = if in_flight { &CANCELLED_RETRIES } else { &[] };
+    let limit = timeout + late_write.unwrap_or_default();
     handle.spawn(async move {
-        let work = delete_until_gone(backend.as_ref(), &key, &token, pauses);
-        if tokio::time::timeout(timeout, work).await.is_err() {
+        let work = delete_until_gone(backend.as_ref(), &key, &token, late_write);
+        if tokio::time::timeout(limit, work).await.is_err() {
             tracing::debug!(%key, "best-effort release timed out");
         }
     });
@@ -43,17 +46,26 @@ async fn delete_until_gone(
     backend: &dyn Backend,
     key: &LockKey,
     token: &Token,
-    pauses: &[Duration],
+    late_write: Option<Duration>,
 ) {
-    let mut pauses = pauses.iter();
+    let started = tokio::time::Instant::now();
+    let mut pauses = CANCELLED_PAUSES.iter();
+    let mut pause = Duration::ZERO;
     loop {
         match backend.delete(key, token).await {
             Ok(true) => return,
             Ok(false) => {}
             Err(e) => tracing::debug!(%key, error = %e, "best-effort release failed"),
         }
-        let Some(pause) = pauses.next() else { return };
-        tokio::time::sleep(*pause).await;
+        let Some(bound) = late_write else { return };
+        let waited = started.elapsed();
+        if waited > bound {
+            return;
+        }
+        pause = pauses.next().copied().unwrap_or(pause);
+        // The last delete comes only after the bound has passed.
+        let pause = pause.min(bound - waited + Duration::from_millis(50));
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -90,7 +102,7 @@ impl Drop for PendingAcquire {
                 self.key.clone(),
                 self.token.clone(),
                 self.inner.cfg.release_timeout,
-                true,
+                Some(self.inner.caps.late_write),
             );
         }
     }

@@ -154,7 +154,7 @@ impl Drop for LockGuard {
             self.hold.key.clone(),
             self.hold.token.clone(),
             self.inner.cfg.release_timeout,
-            false,
+            None,
         );
     }
 }

@@ -275,6 +275,7 @@ impl Backend for MigratingBackend {
         let mut caps = Capabilities::new()
             .with_min_ttl(a.min_ttl.max(b.min_ttl))
             .with_max_key_len(a.max_key_len.min(b.max_key_len))
+            .with_late_write(a.late_write.max(b.late_write))
             .with_raise_fence();
         if a.notifies_release || b.notifies_release {
             caps = caps.with_notifications();

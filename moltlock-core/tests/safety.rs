@@ -296,3 +296,59 @@ async fn both_phase_waiter_behind_a_new_phase_holder_does_not_spin() {
     assert!(n <= 40, "{n} attempts on the old store in 1 s");
     holder.release().await.unwrap();
 }
+
+/// Every acquire lands in the store 8 s after it was sent, whether or not
+/// its caller still waits (a statement queued behind another writer's lock).
+#[derive(Clone, Default)]
+struct LandsLate(MemoryBackend);
+
+#[async_trait]
+impl Backend for LandsLate {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        let store = self.0.clone();
+        let (key, expected, new) = (key.clone(), expected.cloned(), new.clone());
+        let late = tokio::spawn(async move {
+            sleep(Duration::from_secs(8)).await;
+            store.cas(&key, expected.as_ref(), &new, ttl).await
+        });
+        late.await
+            .map_err(|e| Error::store("late", e.to_string(), false))?
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        self.0.delete(key, owner).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new().with_late_write(Duration::from_secs(9))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_acquire_that_lands_late_leaves_no_orphan() {
+    let backend = LandsLate::default();
+    let store = backend.0.clone();
+    let mgr = LockManager::builder(backend)
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let res = mgr.lock_timeout("k", Duration::from_millis(200)).await;
+    assert!(matches!(res, Err(Error::Timeout { .. })), "{res:?}");
+    let key = LockKey::new("k").unwrap();
+    sleep(Duration::from_millis(8100)).await;
+    assert!(
+        store.inspect(&key).await.unwrap().is_some(),
+        "the write never landed"
+    );
+    sleep(Duration::from_secs(3)).await;
+    assert!(
+        store.inspect(&key).await.unwrap().is_none(),
+        "the late write left a hold nobody owns"
+    );
+}

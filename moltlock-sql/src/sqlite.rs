@@ -347,6 +347,9 @@ impl Backend for SqliteBackend {
             .with_inspect()
             .with_batch_renew()
             .with_raise_fence()
+            // A statement queued behind another writer lands up to the busy
+            // timeout after its future was dropped.
+            .with_late_write(BUSY_TIMEOUT + Duration::from_secs(1))
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
