@@ -289,7 +289,7 @@ impl PostgresBackend {
     /// Sweeps in the background after every [`SWEEP_EVERY`]th release.
     fn count_release(&self) {
         let n = self.inner.releases.fetch_add(1, Ordering::Relaxed) + 1;
-        if n % SWEEP_EVERY != 0 {
+        if !n.is_multiple_of(SWEEP_EVERY) {
             return;
         }
         let this = self.clone();
