@@ -17,29 +17,49 @@ const CANCELLED_PAUSES: [Duration; 4] = [
     Duration::from_secs(3),
 ];
 
-/// Spawns an owner-checked delete bounded by `timeout`. With `late_write`
-/// (a cancelled acquisition whose request may still land), it deletes again
-/// at growing pauses until a delete succeeds or that bound has passed, and
-/// the time limit is `timeout` on top of the bound. Without a tokio runtime
-/// it does nothing: the hold then lives until its TTL.
+/// Spawns an owner-checked delete bounded by the manager's release timeout.
+/// With `late_write` (a cancelled acquisition whose request may still land),
+/// it deletes again at growing pauses until a delete succeeds or that bound
+/// has passed, and the time limit is the release timeout on top of the
+/// bound. Without a tokio runtime here, the release is queued for the
+/// manager's renewal driver, which runs it on its next round.
 pub(crate) fn spawn_release(
-    backend: Arc<dyn Backend>,
+    inner: &Arc<Inner>,
     key: LockKey,
     token: Token,
-    timeout: Duration,
     late_write: Option<Duration>,
 ) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        tracing::debug!(%key, "no runtime; the hold lives until its TTL");
+        tracing::debug!(%key, "no runtime; the release waits for the renewal driver");
+        inner.queue_release(Orphan {
+            key,
+            token,
+            late_write,
+        });
         return;
     };
-    let limit = timeout + late_write.unwrap_or_default();
+    let backend = inner.backend.clone();
+    let limit = inner.cfg.release_timeout + late_write.unwrap_or_default();
     handle.spawn(async move {
         let work = delete_until_gone(backend.as_ref(), &key, &token, late_write);
         if tokio::time::timeout(limit, work).await.is_err() {
             tracing::debug!(%key, "best-effort release timed out");
         }
     });
+}
+
+/// A release that could not be spawned where it was asked for.
+pub(crate) struct Orphan {
+    key: LockKey,
+    token: Token,
+    late_write: Option<Duration>,
+}
+
+/// Spawns the releases queued where no runtime could run them.
+pub(crate) fn release_orphans(inner: &Arc<Inner>) {
+    for orphan in inner.take_orphans() {
+        spawn_release(inner, orphan.key, orphan.token, orphan.late_write);
+    }
 }
 
 async fn delete_until_gone(
@@ -98,10 +118,9 @@ impl Drop for PendingAcquire {
     fn drop(&mut self) {
         if self.armed {
             spawn_release(
-                self.inner.backend.clone(),
+                &self.inner,
                 self.key.clone(),
                 self.token.clone(),
-                self.inner.cfg.release_timeout,
                 Some(self.inner.caps.late_write),
             );
         }

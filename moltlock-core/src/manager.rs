@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::cleanup::PendingAcquire;
+use crate::cleanup::{Orphan, PendingAcquire};
 use crate::hold::{Grant, Hold};
 use crate::{
     check_ttl, metrics, Backend, Capabilities, CasOutcome, Error, Held, LockGuard, LockKey,
@@ -104,6 +104,7 @@ impl LockManagerBuilder {
                 registry: Mutex::new(Registry::default()),
                 wake: Arc::new(Notify::new()),
                 next_id: AtomicU64::new(1),
+                orphans: Mutex::default(),
             }),
         })
     }
@@ -165,9 +166,27 @@ pub(crate) struct Inner {
     pub(crate) registry: Mutex<Registry>,
     pub(crate) wake: Arc<Notify>,
     next_id: AtomicU64,
+    orphans: Mutex<Vec<Orphan>>,
 }
 
 impl Inner {
+    /// Queues a release for the renewal driver (from a thread with no
+    /// runtime) and wakes it.
+    pub(crate) fn queue_release(&self, orphan: Orphan) {
+        match self.orphans.lock() {
+            Ok(mut q) => q.push(orphan),
+            Err(poisoned) => poisoned.into_inner().push(orphan),
+        }
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn take_orphans(&self) -> Vec<Orphan> {
+        match self.orphans.lock() {
+            Ok(mut q) => std::mem::take(&mut *q),
+            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
+        }
+    }
+
     pub(crate) fn registry(&self) -> MutexGuard<'_, Registry> {
         match self.registry.lock() {
             Ok(g) => g,
@@ -252,6 +271,7 @@ impl LockManager {
             registry: Mutex::new(Registry::default()),
             wake: Arc::new(Notify::new()),
             next_id: AtomicU64::new(1),
+            orphans: Mutex::default(),
         };
         Self {
             inner: Arc::new(inner),

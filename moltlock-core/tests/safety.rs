@@ -352,3 +352,21 @@ async fn cancelled_acquire_that_lands_late_leaves_no_orphan() {
         "the late write left a hold nobody owns"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn guard_dropped_without_a_runtime_is_released_by_the_driver() {
+    let store = MemoryBackend::new();
+    let mgr = LockManager::builder(store.clone())
+        .ttl(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let _other = mgr.lock("other").await.unwrap();
+    let dropped = mgr.lock("dropped").await.unwrap();
+    std::thread::spawn(move || drop(dropped)).join().unwrap();
+    sleep(Duration::from_millis(1100)).await;
+    let key = LockKey::new("dropped").unwrap();
+    assert!(
+        store.inspect(&key).await.unwrap().is_none(),
+        "a guard dropped off the runtime kept its key past a renewal interval"
+    );
+}
