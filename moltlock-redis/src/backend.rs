@@ -268,8 +268,6 @@ impl Backend for RedisBackend {
         let keep = self.keep();
         let reply: CasReply = match expected {
             None => {
-                let quarantine = layout.quarantine(key);
-                let keys = [lock.as_str(), fence.as_str(), quarantine.as_str()];
                 let args = [new.as_str(), &ttl, &keep, &self.quarantine()];
                 self.script(&ACQUIRE, &keys, &args).await?
             }

@@ -246,7 +246,7 @@ fn restart_redis() {
     let mut r = fixtures::redis::start_owned().expect("redis");
     let h = harness();
     let mut t = redis(&r);
-    t.url = format!("{}/?restart_quarantine_ms={}", t.url, t.ttl.as_millis());
+    t.url = r.url_with_quarantine(t.ttl);
     let mut out = harness::store_fault(&h, "store-restart", &t, || r.restart());
     out.note
         .push_str(&format!("; restart quarantine {} ms", t.ttl.as_millis()));
