@@ -47,7 +47,7 @@ use sqlx::Row;
 
 use crate::convert::{self, mark_live, micros, pair_placeholders, pool_options, ttl_chunks};
 use crate::error::map;
-use crate::SqlConfig;
+use crate::{Expiry, SqlConfig};
 
 const NAME: &str = "mysql";
 const NOW: &str = "UTC_TIMESTAMP(6)";
@@ -71,6 +71,11 @@ struct Statements {
 impl Statements {
     fn new(cfg: &SqlConfig) -> Result<Self, Error> {
         let name = cfg.checked_table()?;
+        if cfg.checked_expiry()? != Expiry::StoreClock {
+            return Err(Error::Config(
+                "the MySQL backend judges expiry by the server clock only (expiry=store)".into(),
+            ));
+        }
         let t = format!("`{name}`");
         let floors = format!("`{name}_floor`");
         // The least fence `raise_fence` allows next for the key (0 if none).

@@ -68,7 +68,8 @@ use tokio::task::JoinHandle;
 
 use crate::convert::{fence, holder_info, left_ms, millis, pool_options};
 use crate::error::map;
-use crate::SqlConfig;
+use crate::observe::Observed;
+use crate::{Expiry, SqlConfig};
 
 const NAME: &str = "postgres";
 
@@ -90,6 +91,8 @@ struct Statements {
     inspect: String,
     list: String,
     ddl: Vec<String>,
+    /// The observed-expiry mode's statements.
+    observed: bool,
 }
 
 impl Statements {
@@ -100,21 +103,32 @@ impl Statements {
             Some(s) => format!("\"{s}\".\"{name}\""),
             None => format!("\"{name}\""),
         };
-        let t = q(table);
         let seq = q(&format!("{table}_fence"));
-        let ms = "$3::bigint * interval '1 millisecond'";
-        let left = "(extract(epoch FROM expires_at - now()) * 1000)::bigint";
         let mut ddl = Vec::new();
         if let Some(s) = schema {
             ddl.push(format!("CREATE SCHEMA IF NOT EXISTS \"{s}\""));
         }
         ddl.push(format!("CREATE SEQUENCE IF NOT EXISTS {seq}"));
+        let logged = if cfg.unlogged { "UNLOGGED " } else { "" };
+        match cfg.checked_expiry()? {
+            Expiry::StoreClock => Ok(Self::store_clock(&q(table), &seq, logged, ddl)),
+            Expiry::Observed => Ok(Self::observed(
+                &q(&format!("{table}_observed")),
+                &seq,
+                logged,
+                ddl,
+            )),
+        }
+    }
+
+    fn store_clock(t: &str, seq: &str, logged: &str, mut ddl: Vec<String>) -> Self {
+        let ms = "$3::bigint * interval '1 millisecond'";
+        let left = "(extract(epoch FROM expires_at - now()) * 1000)::bigint";
         ddl.push(format!(
-            "CREATE {}TABLE IF NOT EXISTS {t} (\n    key text PRIMARY KEY,\n    owner text NOT NULL,\n    \
-             fence bigint NOT NULL,\n    expires_at timestamptz NOT NULL,\n    acquired_at timestamptz NOT NULL\n)",
-            if cfg.unlogged { "UNLOGGED " } else { "" }
+            "CREATE {logged}TABLE IF NOT EXISTS {t} (\n    key text PRIMARY KEY,\n    owner text NOT NULL,\n    \
+             fence bigint NOT NULL,\n    expires_at timestamptz NOT NULL,\n    acquired_at timestamptz NOT NULL\n)"
         ));
-        Ok(Self {
+        Self {
             // The new fence is drawn in the VALUES row before the conflict is
             // resolved, so a statement that waited on a row lock may carry an
             // older draw than the hold it replaces: `GREATEST` with the row's
@@ -172,7 +186,69 @@ impl Statements {
                  WHERE left(key, length($1)) = $1 AND expires_at > now() ORDER BY key"
             ),
             ddl,
-        })
+            observed: false,
+        }
+    }
+
+    /// The statements of the observed-expiry mode (see `crate::observe`):
+    /// no clock decides; a renewal bumps `version`, a release clears the
+    /// owner, and an acquisition takes a released key or one whose
+    /// `(owner, version)` is `($4, $5)`.
+    fn observed(t: &str, seq: &str, logged: &str, mut ddl: Vec<String>) -> Self {
+        ddl.push(format!(
+            "CREATE {logged}TABLE IF NOT EXISTS {t} (\n    key text PRIMARY KEY,\n    owner text NOT NULL,\n    \
+             fence bigint NOT NULL,\n    version bigint NOT NULL,\n    ttl_ms bigint NOT NULL,\n    \
+             acquired_at timestamptz NOT NULL\n)"
+        ));
+        Self {
+            acquire: format!(
+                "WITH ins AS (INSERT INTO {t} AS l (key, owner, fence, version, ttl_ms, acquired_at) \
+                 VALUES ($1, $2, nextval('{seq}'), 1, $3, now()) \
+                 ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, \
+                 fence = GREATEST(l.fence + 1, EXCLUDED.fence), version = l.version + 1, \
+                 ttl_ms = EXCLUDED.ttl_ms, acquired_at = EXCLUDED.acquired_at \
+                 WHERE l.owner = '' OR (l.owner = $4 AND l.version = $5) RETURNING fence) \
+                 SELECT fence, NULL::text AS owner, NULL::bigint AS version, NULL::bigint AS ttl_ms \
+                 FROM ins UNION ALL SELECT NULL, owner, version, ttl_ms FROM {t} \
+                 WHERE key = $1 AND owner <> '' AND NOT EXISTS (SELECT 1 FROM ins)"
+            ),
+            renew: format!(
+                "UPDATE {t} SET version = version + 1, ttl_ms = $3 \
+                 WHERE key = $1 AND owner = $2 RETURNING fence"
+            ),
+            transfer: format!(
+                "UPDATE {t} SET owner = $4, fence = GREATEST(fence + 1, nextval('{seq}')), \
+                 version = version + 1, ttl_ms = $3, acquired_at = now() \
+                 WHERE key = $1 AND owner = $2 RETURNING fence"
+            ),
+            delete: format!(
+                "WITH d AS (UPDATE {t} SET owner = '', version = version + 1 \
+                 WHERE key = $1 AND owner = $2 AND owner <> '' RETURNING key) \
+                 SELECT count(pg_notify($3, key)) FROM d"
+            ),
+            renew_many: format!(
+                "UPDATE {t} AS l SET version = l.version + 1, ttl_ms = x.ms \
+                 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS x(key, owner, ms) \
+                 WHERE l.key = x.key AND l.owner = x.owner RETURNING l.key, l.owner"
+            ),
+            raise: format!(
+                "WITH s AS (SELECT setval('{seq}', GREATEST(last_value, $2)) FROM {seq}) \
+                 INSERT INTO {t} AS l (key, owner, fence, version, ttl_ms, acquired_at) \
+                 SELECT $1, '', $2, 1, 0, now() FROM s \
+                 ON CONFLICT (key) DO UPDATE SET fence = GREATEST(l.fence, EXCLUDED.fence)"
+            ),
+            // No clock decides here, so nothing is swept by age.
+            sweep: "SELECT $1::bigint WHERE false".to_owned(),
+            inspect: format!(
+                "SELECT key, owner, fence, NULL::bigint FROM {t} WHERE key = $1 AND owner <> ''"
+            ),
+            list: format!(
+                "SELECT key, owner, fence, NULL::bigint FROM {t} \
+                 WHERE left(key, length($1)) = $1 AND owner <> '' ORDER BY key"
+            ),
+            ddl,
+            observed: true,
+        }
     }
 }
 
@@ -183,6 +259,8 @@ struct Inner {
     events: Arc<KeyEvents>,
     listener: OnceCell<JoinHandle<()>>,
     releases: AtomicU64,
+    /// What this client saw of held keys, in the observed-expiry mode.
+    observed: Option<Observed>,
 }
 
 impl Drop for Inner {
@@ -231,11 +309,12 @@ impl PostgresBackend {
         let backend = Self {
             inner: Arc::new(Inner {
                 pool,
-                sql,
                 channel: format!("moltlock_{}", cfg.table),
                 events: Arc::new(KeyEvents::new()),
                 listener: OnceCell::new(),
                 releases: AtomicU64::new(0),
+                observed: sql.observed.then(Observed::default),
+                sql,
             }),
         };
         if cfg.auto_migrate {
@@ -342,6 +421,9 @@ impl PostgresBackend {
         new: &Token,
         ttl: Duration,
     ) -> Result<CasOutcome, sqlx::Error> {
+        if let Some(observed) = &self.inner.observed {
+            return self.acquire_observed(observed, key, new, ttl).await;
+        }
         let row = sqlx::query(&self.inner.sql.acquire)
             .bind(key.as_str())
             .bind(new.as_str())
@@ -357,6 +439,43 @@ impl PostgresBackend {
         Ok(CasOutcome::Held(Held {
             holder: row.try_get::<Option<String>, _>(1)?.map(Token::from_stored),
             expires_in: left_ms(row.try_get(2)?),
+            revision: None,
+        }))
+    }
+
+    /// An acquisition in the observed-expiry mode: takes a released key, or
+    /// one whose holder this process saw unchanged for that holder's TTL.
+    async fn acquire_observed(
+        &self,
+        observed: &Observed,
+        key: &LockKey,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, sqlx::Error> {
+        let (holder, version) = observed.ready(key.as_str()).unzip();
+        let row = sqlx::query(&self.inner.sql.acquire)
+            .bind(key.as_str())
+            .bind(new.as_str())
+            .bind(millis(ttl))
+            .bind(holder)
+            .bind(version)
+            .fetch_optional(&self.inner.pool)
+            .await?;
+        let Some(row) = row else {
+            observed.forget(key.as_str());
+            return Ok(CasOutcome::Held(Held::default()));
+        };
+        if let Some(f) = row.try_get::<Option<i64>, _>(0)? {
+            observed.forget(key.as_str());
+            return Ok(CasOutcome::Acquired { fence: fence(f) });
+        }
+        let owner: String = row.try_get::<Option<String>, _>(1)?.unwrap_or_default();
+        let version: i64 = row.try_get::<Option<i64>, _>(2)?.unwrap_or_default();
+        let held_ttl = left_ms(row.try_get(3)?).unwrap_or(ttl);
+        let left = observed.saw(key.as_str(), owner.clone(), version, held_ttl);
+        Ok(CasOutcome::Held(Held {
+            holder: Some(Token::from_stored(owner)),
+            expires_in: Some(left),
             revision: None,
         }))
     }
