@@ -229,6 +229,15 @@ pub trait Backend: Send + Sync + 'static {
         sent_at + ttl
     }
 
+    /// The readings of the store's wall clock that this backend takes from
+    /// its replies, where holds expire by that clock. The manager shortens
+    /// the deadlines of every hold on the store by any forward step it
+    /// shows. `None` (the default): no readings, for stores whose expiry
+    /// uses no wall clock (etcd leases) or that do not report one.
+    fn store_clock(&self) -> Option<&crate::StoreClock> {
+        None
+    }
+
     /// The current holder of `key`, if any.
     async fn inspect(&self, _key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         Err(Error::Unsupported {

@@ -118,6 +118,20 @@ impl Hold {
         self.set_next_renew(sent_at + self.interval);
     }
 
+    /// The store's clock stepped forward by `step`: the hold is valid that
+    /// much less, and due for renewal now.
+    pub(crate) fn shorten(&self, step: Duration) {
+        let now = Instant::now();
+        self.state.send_if_modified(|s| {
+            if s.lost.is_some() {
+                return false;
+            }
+            s.valid_until = s.valid_until.checked_sub(step).unwrap_or(now);
+            true
+        });
+        self.set_next_renew(now);
+    }
+
     /// Marks the hold lost unless it already is; returns whether this call did.
     /// A [`LostReason::Deadline`] is only taken once the deadline has passed.
     pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {

@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::cleanup::{Orphan, PendingAcquire};
+use crate::clock::StepListener;
 use crate::hold::{Grant, Hold};
 use crate::{
     check_ttl, metrics, Backend, Capabilities, CasOutcome, Error, Held, LockGuard, LockKey,
@@ -97,15 +98,7 @@ impl LockManagerBuilder {
         let caps = self.backend.capabilities();
         check_ttl(self.cfg.ttl, caps.min_ttl)?;
         Ok(LockManager {
-            inner: Arc::new(Inner {
-                backend: self.backend,
-                caps,
-                cfg: self.cfg,
-                registry: Mutex::new(Registry::default()),
-                wake: Arc::new(Notify::new()),
-                next_id: AtomicU64::new(1),
-                orphans: Mutex::default(),
-            }),
+            inner: Inner::new(self.backend, self.cfg),
         })
     }
 }
@@ -167,9 +160,72 @@ pub(crate) struct Inner {
     pub(crate) wake: Arc<Notify>,
     next_id: AtomicU64,
     orphans: Mutex<Vec<Orphan>>,
+    /// Forward steps of the store's clock: when each was seen, and its size.
+    steps: Mutex<Vec<(Instant, Duration)>>,
+    /// Kept alive here; the store clock holds it weakly.
+    _on_step: Option<Arc<StepListener>>,
 }
 
+/// Steps remembered for confirmations still in flight.
+const STEPS_KEPT: usize = 64;
+
 impl Inner {
+    fn new(backend: Arc<dyn Backend>, cfg: Config) -> Arc<Self> {
+        Arc::new_cyclic(|me: &std::sync::Weak<Inner>| {
+            let on_step = backend.store_clock().map(|clock| {
+                let me = me.clone();
+                let listener: Arc<StepListener> = Arc::new(move |step: Duration| {
+                    if let Some(inner) = me.upgrade() {
+                        inner.store_clock_stepped(step);
+                    }
+                });
+                clock.subscribe(&listener);
+                listener
+            });
+            Inner {
+                caps: backend.capabilities(),
+                backend,
+                cfg,
+                registry: Mutex::new(Registry::default()),
+                wake: Arc::new(Notify::new()),
+                next_id: AtomicU64::new(1),
+                orphans: Mutex::default(),
+                steps: Mutex::default(),
+                _on_step: on_step,
+            }
+        })
+    }
+
+    /// The store's clock stepped forward by `step`: every hold expires that
+    /// much sooner in the store, so each loses that much validity now and
+    /// is renewed at once.
+    fn store_clock_stepped(&self, step: Duration) {
+        {
+            let mut steps = lock(&self.steps);
+            steps.push((Instant::now(), step));
+            let extra = steps.len().saturating_sub(STEPS_KEPT);
+            steps.drain(..extra);
+        }
+        let holds: Vec<Arc<Hold>> = self.registry().holds.values().cloned().collect();
+        for hold in holds {
+            hold.shorten(step);
+        }
+        self.wake.notify_one();
+    }
+
+    /// The store's expiry for a hold written by a request sent at
+    /// `sent_at`, less every clock step seen since the request was sent (a
+    /// reply may have been written before the step).
+    pub(crate) fn expiry(&self, ttl: Duration, sent_at: Instant) -> Instant {
+        let expiry = self.backend.earliest_expiry(ttl, sent_at);
+        let stepped: Duration = lock(&self.steps)
+            .iter()
+            .filter(|(seen, _)| *seen > sent_at)
+            .map(|(_, step)| *step)
+            .sum();
+        expiry.checked_sub(stepped).unwrap_or(sent_at)
+    }
+
     /// Queues a release for the renewal driver (from a thread with no
     /// runtime) and wakes it.
     pub(crate) fn queue_release(&self, orphan: Orphan) {
@@ -264,17 +320,8 @@ impl LockManager {
 
     /// A manager with default settings over a shared backend.
     pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
-        let inner = Inner {
-            caps: backend.capabilities(),
-            backend,
-            cfg: default_config(),
-            registry: Mutex::new(Registry::default()),
-            wake: Arc::new(Notify::new()),
-            next_id: AtomicU64::new(1),
-            orphans: Mutex::default(),
-        };
         Self {
-            inner: Arc::new(inner),
+            inner: Inner::new(backend, default_config()),
         }
     }
 
@@ -390,6 +437,12 @@ impl LockManager {
             let sent_at = Instant::now();
             match backend.cas(key, None, &token, ttl).await {
                 Ok(CasOutcome::Acquired { fence }) => {
+                    // A clock step seen meanwhile may have cut the grant short.
+                    let Some(sent_at) = self.confirm_late_grant(key, &token, ttl, sent_at).await?
+                    else {
+                        pending.disarm();
+                        continue;
+                    };
                     pending.disarm();
                     tracing::debug!(%key, %fence, waited = ?started.elapsed(), "lock acquired");
                     return Ok(Some(self.guard(key, token, fence, ttl, sent_at)));
@@ -453,8 +506,9 @@ impl LockManager {
         }
     }
 
-    /// A grant whose call took long (a long wait in the queue) may have
-    /// little validity left: renew it at once. Returns the instant the
+    /// A grant whose call took long (a long wait in the queue), or that a
+    /// step of the store's clock cut short, may have little validity left:
+    /// renew it at once. Returns the instant the
     /// confirming request was sent, or `None` when the hold is gone.
     async fn confirm_late_grant(
         &self,
@@ -463,7 +517,7 @@ impl LockManager {
         ttl: Duration,
         sent_at: Instant,
     ) -> Result<Option<Instant>, Error> {
-        let expiry = self.inner.backend.earliest_expiry(ttl, sent_at);
+        let expiry = self.inner.expiry(ttl, sent_at);
         let left = expiry.saturating_duration_since(Instant::now());
         if left.mul_f64(1.0 - self.inner.cfg.drift) > ttl / 3 {
             return Ok(Some(sent_at));
@@ -516,7 +570,7 @@ impl LockManager {
         sent_at: Instant,
     ) -> LockGuard {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let expiry = self.inner.backend.earliest_expiry(ttl, sent_at);
+        let expiry = self.inner.expiry(ttl, sent_at);
         let grant = Grant {
             key: key.clone(),
             token,
@@ -536,5 +590,12 @@ fn default_config() -> Config {
         retry: RetryPolicy::default(),
         on_lost: None,
         release_timeout: Duration::from_secs(5),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
     }
 }

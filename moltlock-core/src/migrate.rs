@@ -303,6 +303,11 @@ impl Backend for MigratingBackend {
         }
     }
 
+    /// The single store's clock readings; none in `Both` (two clocks).
+    fn store_clock(&self) -> Option<&crate::StoreClock> {
+        self.single()?.store_clock()
+    }
+
     /// In `Both`, waits on the store that refused the last attempt (the old
     /// one, unless the new one was held).
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {

@@ -104,7 +104,7 @@ async fn renew(inner: &Arc<Inner>, due: &[Arc<Hold>]) {
             metrics::renewed(name, due.len());
             for (hold, still) in due.iter().zip(held) {
                 if still {
-                    hold.confirm(sent_at, inner.backend.earliest_expiry(hold.ttl, sent_at));
+                    hold.confirm(sent_at, inner.expiry(hold.ttl, sent_at));
                 } else {
                     inner.finish(hold, LostReason::Refused);
                 }

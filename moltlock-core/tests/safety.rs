@@ -370,3 +370,106 @@ async fn guard_dropped_without_a_runtime_is_released_by_the_driver() {
         "a guard dropped off the runtime kept its key past a renewal interval"
     );
 }
+
+/// Reports a store clock the test can step, with every reply.
+struct Stepped {
+    store: MemoryBackend,
+    clock: moltlock_core::StoreClock,
+    base: Instant,
+    offset: Mutex<Duration>,
+    renewals: AtomicU64,
+}
+
+#[async_trait]
+impl Backend for Stepped {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        let sent_at = Instant::now();
+        if expected.is_some() {
+            self.renewals.fetch_add(1, Ordering::Relaxed);
+        }
+        let out = self.store.cas(key, expected, new, ttl).await?;
+        let offset = *self.offset.lock().unwrap();
+        let store_now = Duration::from_secs(1_800_000_000) + self.base.elapsed() + offset;
+        self.clock.observe(sent_at, store_now);
+        Ok(out)
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        self.store.delete(key, owner).await
+    }
+
+    fn store_clock(&self) -> Option<&moltlock_core::StoreClock> {
+        Some(&self.clock)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn forward_store_clock_step_shortens_every_hold_at_once() {
+    let backend = Arc::new(Stepped {
+        store: MemoryBackend::new(),
+        clock: moltlock_core::StoreClock::new(),
+        base: Instant::now(),
+        offset: Mutex::new(Duration::ZERO),
+        renewals: AtomicU64::new(0),
+    });
+    let mgr = LockManager::builder_arc(backend.clone())
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let a = mgr.lock("a").await.unwrap();
+    sleep(Duration::from_secs(5)).await;
+    let before = a.valid_for().unwrap();
+    *backend.offset.lock().unwrap() = Duration::from_secs(20);
+    // Another hold's reply is the first to show the step.
+    let _b = mgr.lock("b").await.unwrap();
+    let after = a.valid_for().unwrap_or_default();
+    assert!(
+        after + Duration::from_secs(20) <= before + Duration::from_millis(10),
+        "a 20 s step left {after:?} of {before:?}"
+    );
+    let renewed = backend.renewals.load(Ordering::Relaxed);
+    sleep(Duration::from_millis(10)).await;
+    assert!(
+        backend.renewals.load(Ordering::Relaxed) > renewed,
+        "the shortened hold was not renewed at once"
+    );
+    assert!(
+        a.valid_for().unwrap() > Duration::from_secs(29),
+        "{:?}",
+        a.valid_for()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn step_larger_than_the_validity_loses_the_hold() {
+    let backend = Arc::new(Stepped {
+        store: MemoryBackend::new(),
+        clock: moltlock_core::StoreClock::new(),
+        base: Instant::now(),
+        offset: Mutex::new(Duration::ZERO),
+        renewals: AtomicU64::new(0),
+    });
+    let lost: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = lost.clone();
+    let mgr = LockManager::builder_arc(backend.clone())
+        .ttl(Duration::from_secs(3))
+        .on_lost(move |e| seen.lock().unwrap().push(e.key.to_string()))
+        .build()
+        .unwrap();
+    let a = mgr.lock("a").await.unwrap();
+    sleep(Duration::from_millis(500)).await;
+    *backend.offset.lock().unwrap() = Duration::from_secs(10);
+    let _b = mgr.lock("b").await.unwrap();
+    assert!(
+        !a.is_held(),
+        "a hold the store has already expired still looks held"
+    );
+    sleep(Duration::from_millis(1)).await;
+    assert_eq!(lost.lock().unwrap().as_slice(), ["a"]);
+}

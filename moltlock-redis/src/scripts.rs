@@ -14,6 +14,12 @@ use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisResult};
 /// leaves its text in the local `text`. The fence key is kept forever when
 /// the local `keep` is 0, else for `max(keep, ttl)` ms. Lua numbers are
 /// doubles: exact up to 2^53 µs (year 2255).
+/// The server's `TIME` in µs, in the local `clock`, for the reply.
+const CLOCK: &str = r"
+local now_t = redis.call('TIME')
+local clock = tonumber(now_t[1]) * 1000000 + tonumber(now_t[2])
+";
+
 const ADVANCE_FENCE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -41,25 +47,27 @@ end
 /// second ahead of the true uptime: one second is taken off, and the wait
 /// errs on the long side.
 ///
-/// Reply: `{1, fence, 0}` or `{0, holder or false, pttl}`.
+/// Reply: `{1, fence, 0, clock}` or `{0, holder or false, pttl, clock}`,
+/// `clock` the server's `TIME` in µs (the clock that judges `PX` expiry).
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r"
 local ttl, keep, q = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+{CLOCK}
 local cur = redis.call('GET', KEYS[1])
 if cur then
-  return {{0, cur, redis.call('PTTL', KEYS[1])}}
+  return {{0, cur, redis.call('PTTL', KEYS[1]), clock}}
 end
 if q > 0 then
   local info = redis.call('INFO', 'server')
   local up = ((tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0) - 1) * 1000
   if up < q then
-    return {{0, false, q - up}}
+    return {{0, false, q - up, clock}}
   end
 end
 {ADVANCE_FENCE}
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
-return {{1, text, 0}}
+return {{1, text, 0, clock}}
 "
     ))
 });
@@ -79,20 +87,21 @@ pub(crate) static SWAP: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r"
 local ttl, keep = tonumber(ARGV[3]), tonumber(ARGV[4])
+{CLOCK}
 local cur = redis.call('GET', KEYS[1])
 if cur ~= ARGV[1] then
-  return {{0, cur, redis.call('PTTL', KEYS[1])}}
+  return {{0, cur, redis.call('PTTL', KEYS[1]), clock}}
 end
 if ARGV[2] == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ttl)
   if keep > 0 then
     redis.call('PEXPIRE', KEYS[2], math.max(keep, ttl))
   end
-  return {{1, redis.call('GET', KEYS[2]) or '0', 0}}
+  return {{1, redis.call('GET', KEYS[2]) or '0', 0, clock}}
 end
 {ADVANCE_FENCE}
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
-return {{1, text, 0}}
+return {{1, text, 0, clock}}
 "
     ))
 });

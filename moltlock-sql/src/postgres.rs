@@ -58,13 +58,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use moltlock_core::{
     Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, KeyEvents, LockKey,
-    ReleaseWatch, RenewItem, Token,
+    ReleaseWatch, RenewItem, StoreClock, Token,
 };
 use sqlx::postgres::{PgListener, PgPool};
 use sqlx::Postgres;
 use sqlx::Row;
 use tokio::sync::OnceCell;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::convert::{fence, holder_info, left_ms, millis, pool_options};
 use crate::error::map;
@@ -75,6 +76,9 @@ const NAME: &str = "postgres";
 
 /// How long an expired or released row is kept before it is swept.
 pub const RETENTION: Duration = Duration::from_secs(3600);
+
+/// The server clock in microseconds since the epoch, as replies report it.
+const NOW_US: &str = "(extract(epoch FROM now()) * 1000000)::bigint";
 
 /// One release in this many also sweeps expired rows.
 const SWEEP_EVERY: u64 = 1024;
@@ -140,18 +144,18 @@ impl Statements {
                  fence = GREATEST(l.fence + 1, EXCLUDED.fence), \
                  expires_at = EXCLUDED.expires_at, acquired_at = EXCLUDED.acquired_at \
                  WHERE l.expires_at <= now() RETURNING fence) \
-                 SELECT fence, NULL::text AS owner, NULL::bigint AS left_ms FROM ins \
-                 UNION ALL SELECT NULL, owner, GREATEST({left}, 0) FROM {t} \
+                 SELECT fence, NULL::text AS owner, NULL::bigint AS left_ms, {NOW_US} AS now_us \
+                 FROM ins UNION ALL SELECT NULL, owner, GREATEST({left}, 0), {NOW_US} FROM {t} \
                  WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
             ),
             renew: format!(
                 "UPDATE {t} SET expires_at = now() + {ms} \
-                 WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence"
+                 WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence, {NOW_US}"
             ),
             transfer: format!(
                 "UPDATE {t} SET owner = $4, fence = GREATEST(fence + 1, nextval('{seq}')), \
                  acquired_at = now(), expires_at = now() + {ms} \
-                 WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence"
+                 WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence, {NOW_US}"
             ),
             // A release expires the row instead of deleting it, so the key's
             // last fence stays there for the next acquisition to exceed.
@@ -164,7 +168,7 @@ impl Statements {
                 "UPDATE {t} AS l SET expires_at = now() + x.ms * interval '1 millisecond' \
                  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS x(key, owner, ms) \
                  WHERE l.key = x.key AND l.owner = x.owner AND l.expires_at > now() \
-                 RETURNING l.key, l.owner"
+                 RETURNING l.key, l.owner, {NOW_US}"
             ),
             // A max on the key's row (an expired placeholder when the key has
             // none), and the sequence moved past the floor so that a row
@@ -214,12 +218,12 @@ impl Statements {
             ),
             renew: format!(
                 "UPDATE {t} SET version = version + 1, ttl_ms = $3 \
-                 WHERE key = $1 AND owner = $2 RETURNING fence"
+                 WHERE key = $1 AND owner = $2 RETURNING fence, {NOW_US}"
             ),
             transfer: format!(
                 "UPDATE {t} SET owner = $4, fence = GREATEST(fence + 1, nextval('{seq}')), \
                  version = version + 1, ttl_ms = $3, acquired_at = now() \
-                 WHERE key = $1 AND owner = $2 RETURNING fence"
+                 WHERE key = $1 AND owner = $2 RETURNING fence, {NOW_US}"
             ),
             delete: format!(
                 "WITH d AS (UPDATE {t} SET owner = '', version = version + 1 \
@@ -229,7 +233,7 @@ impl Statements {
             renew_many: format!(
                 "UPDATE {t} AS l SET version = l.version + 1, ttl_ms = x.ms \
                  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS x(key, owner, ms) \
-                 WHERE l.key = x.key AND l.owner = x.owner RETURNING l.key, l.owner"
+                 WHERE l.key = x.key AND l.owner = x.owner RETURNING l.key, l.owner, {NOW_US}"
             ),
             raise: format!(
                 "WITH s AS (SELECT setval('{seq}', GREATEST(last_value, $2)) FROM {seq}) \
@@ -261,6 +265,8 @@ struct Inner {
     releases: AtomicU64,
     /// What this client saw of held keys, in the observed-expiry mode.
     observed: Option<Observed>,
+    /// The server clock, as replies report it (store-clock mode).
+    clock: StoreClock,
 }
 
 impl Drop for Inner {
@@ -314,6 +320,7 @@ impl PostgresBackend {
                 listener: OnceCell::new(),
                 releases: AtomicU64::new(0),
                 observed: sql.observed.then(Observed::default),
+                clock: StoreClock::new(),
                 sql,
             }),
         };
@@ -424,6 +431,7 @@ impl PostgresBackend {
         if let Some(observed) = &self.inner.observed {
             return self.acquire_observed(observed, key, new, ttl).await;
         }
+        let sent_at = Instant::now();
         let row = sqlx::query(&self.inner.sql.acquire)
             .bind(key.as_str())
             .bind(new.as_str())
@@ -433,6 +441,7 @@ impl PostgresBackend {
         let Some(row) = row else {
             return Ok(CasOutcome::Held(Held::default()));
         };
+        self.saw_clock(sent_at, row.try_get(3)?);
         if let Some(f) = row.try_get::<Option<i64>, _>(0)? {
             return Ok(CasOutcome::Acquired { fence: fence(f) });
         }
@@ -500,13 +509,25 @@ impl PostgresBackend {
         if transfer {
             query = query.bind(new.as_str());
         }
+        let sent_at = Instant::now();
         let row = query.fetch_optional(&self.inner.pool).await?;
         Ok(match row {
-            Some(row) => CasOutcome::Acquired {
-                fence: fence(row.try_get(0)?),
-            },
+            Some(row) => {
+                self.saw_clock(sent_at, row.try_get(1)?);
+                CasOutcome::Acquired {
+                    fence: fence(row.try_get(0)?),
+                }
+            }
             None => CasOutcome::Held(Held::default()),
         })
+    }
+
+    /// Feeds a reply's server clock (µs since the epoch) to the store clock.
+    fn saw_clock(&self, sent_at: Instant, now_us: i64) {
+        if self.inner.observed.is_none() {
+            let us = u64::try_from(now_us).unwrap_or(0);
+            self.inner.clock.observe(sent_at, Duration::from_micros(us));
+        }
     }
 }
 
@@ -551,6 +572,10 @@ impl Backend for PostgresBackend {
             .with_batch_renew()
             .with_raise_fence()
             .with_min_ttl(Duration::from_millis(10))
+    }
+
+    fn store_clock(&self) -> Option<&StoreClock> {
+        self.inner.observed.is_none().then_some(&self.inner.clock)
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
@@ -602,6 +627,7 @@ impl Backend for PostgresBackend {
         let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
         let owners: Vec<&str> = items.iter().map(|i| i.token.as_str()).collect();
         let ttls: Vec<i64> = items.iter().map(|i| millis(i.ttl)).collect();
+        let sent_at = Instant::now();
         let rows = sqlx::query(&self.inner.sql.renew_many)
             .bind(&keys)
             .bind(&owners)
@@ -614,6 +640,9 @@ impl Backend for PostgresBackend {
             let key: String = row.try_get(0).map_err(|e| map(NAME, e))?;
             let owner: String = row.try_get(1).map_err(|e| map(NAME, e))?;
             renewed.insert((key, owner));
+        }
+        if let Some(row) = rows.first() {
+            self.saw_clock(sent_at, row.try_get(2).map_err(|e| map(NAME, e))?);
         }
         Ok(items
             .iter()

@@ -23,14 +23,16 @@
 use std::collections::HashSet;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use moltlock_core::{
-    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, RenewItem, Token,
+    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, RenewItem,
+    StoreClock, Token,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqliteSynchronous};
 use sqlx::{Row, Sqlite};
+use tokio::time::Instant;
 
 use crate::convert::{
     self, holder_info, left_ms, mark_live, millis, pair_placeholders, pool_options, ttl_chunks,
@@ -200,6 +202,9 @@ pub struct SqliteBackend {
     sql: Arc<Statements>,
     /// What this client saw of held keys, in the observed-expiry mode.
     observed: Option<Arc<Observed>>,
+    /// SQLite's clock is this process's wall clock: read it as each
+    /// confirming reply arrives (store-clock mode).
+    clock: Arc<StoreClock>,
 }
 
 impl std::fmt::Debug for SqliteBackend {
@@ -259,6 +264,7 @@ impl SqliteBackend {
         let backend = Self {
             pool,
             observed: sql.observed.then(Arc::default),
+            clock: Arc::default(),
             sql: Arc::new(sql),
         };
         if cfg.auto_migrate {
@@ -303,8 +309,10 @@ impl SqliteBackend {
         if self.observed.is_some() {
             query = query.bind(holder).bind(version);
         }
+        let sent_at = Instant::now();
         let fence: Vec<i64> = query.fetch_all(&self.pool).await?;
         if let Some(f) = fence.first() {
+            self.saw_clock(sent_at);
             if let Some(o) = &self.observed {
                 o.forget(key.as_str());
             }
@@ -356,13 +364,28 @@ impl SqliteBackend {
         if transfer {
             query = query.bind(new.as_str());
         }
+        let sent_at = Instant::now();
         let fence: Vec<i64> = query.fetch_all(&self.pool).await?;
         Ok(match fence.first() {
-            Some(f) => CasOutcome::Acquired {
-                fence: convert::fence(*f),
-            },
+            Some(f) => {
+                self.saw_clock(sent_at);
+                CasOutcome::Acquired {
+                    fence: convert::fence(*f),
+                }
+            }
             None => CasOutcome::Held(Held::default()),
         })
+    }
+
+    /// A reply to a request sent at `sent_at` confirmed a hold: the clock
+    /// that judged it is this process's, read now.
+    fn saw_clock(&self, sent_at: Instant) {
+        if self.observed.is_none() {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            self.clock.observe(sent_at, now);
+        }
     }
 }
 
@@ -485,6 +508,15 @@ impl Backend for SqliteBackend {
     /// statement per 8,000 holds of a TTL.
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
         let items = items.to_vec();
-        self.detached(move |b| b.renew_tx(items)).await
+        let sent_at = Instant::now();
+        let renewed = self.detached(move |b| b.renew_tx(items)).await?;
+        if renewed.contains(&true) {
+            self.saw_clock(sent_at);
+        }
+        Ok(renewed)
+    }
+
+    fn store_clock(&self) -> Option<&StoreClock> {
+        self.observed.is_none().then_some(self.clock.as_ref())
     }
 }
