@@ -7,8 +7,10 @@
 //! transaction. WAL journaling and a busy timeout. Expiry is judged by SQLite's own
 //! clock (`julianday('now')`), which every process on the machine shares.
 //! Fences come from a one-row counter table that a trigger advances in the
-//! same statement as the acquisition; released rows are deleted and the
-//! counter keeps the history. Waiters poll by the retry policy (SQLite has no
+//! same statement as the acquisition, and are at least the clock in µs, so
+//! they stay above fences whose commits an OS crash lost (`synchronous` is
+//! `NORMAL`: a process crash loses nothing, a power cut may lose the last
+//! commits); released rows are deleted and the counter keeps the history. Waiters poll by the retry policy (SQLite has no
 //! cross-process notifications), sleeping no longer than the holder's time
 //! left.
 //!
@@ -65,6 +67,15 @@ struct Statements {
     observed: bool,
 }
 
+/// The next fence: one above the counter, and at least the clock in µs (ms
+/// × 1,000). The journal runs with `synchronous=NORMAL`, so an OS crash or
+/// power cut can lose the last commits, counter included; fences drawn
+/// after the restart still exceed the lost ones, unless the machine's clock
+/// stepped back past them.
+fn next_fence(seq: &str) -> String {
+    format!("(SELECT max(value + 1, {NOW} * 1000) FROM {seq} WHERE id = 1)")
+}
+
 impl Statements {
     fn new(cfg: &SqlConfig) -> Result<Self, Error> {
         let name = cfg.checked_table()?;
@@ -98,7 +109,7 @@ impl Statements {
 
     fn store_clock(name: &str, seq: &str) -> Self {
         let t = format!("\"{name}\"");
-        let next = format!("(SELECT value + 1 FROM {seq} WHERE id = 1)");
+        let next = next_fence(seq);
         let mut ddl = vec![format!(
             "CREATE TABLE IF NOT EXISTS {t} (key TEXT PRIMARY KEY, owner TEXT NOT NULL, \
              fence INTEGER NOT NULL, expires_at INTEGER NOT NULL, acquired_at INTEGER NOT NULL)"
@@ -146,7 +157,7 @@ impl Statements {
     /// `(owner, version)` is `(?4, ?5)`.
     fn observed(name: &str, seq: &str) -> Self {
         let t = format!("\"{name}\"");
-        let next = format!("(SELECT value + 1 FROM {seq} WHERE id = 1)");
+        let next = next_fence(seq);
         let mut ddl = vec![format!(
             "CREATE TABLE IF NOT EXISTS {t} (key TEXT PRIMARY KEY, owner TEXT NOT NULL, \
              fence INTEGER NOT NULL, version INTEGER NOT NULL, ttl_ms INTEGER NOT NULL, \
