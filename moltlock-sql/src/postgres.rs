@@ -392,30 +392,44 @@ impl PostgresBackend {
     }
 
     async fn start_listener(&self) -> Result<JoinHandle<()>, Error> {
-        let mut listener = PgListener::connect_with(&self.inner.pool)
+        let (pool, channel) = (&self.inner.pool, &self.inner.channel);
+        let listener = subscribe(pool, channel)
             .await
             .map_err(|e| map(NAME, e))?;
-        listener
-            .listen(&self.inner.channel)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        Ok(tokio::spawn(listen(listener, self.inner.events.clone())))
+        let task = listen(listener, pool.clone(), channel.clone(), self.inner.events.clone());
+        Ok(tokio::spawn(task))
     }
 }
 
-/// Dispatches notifications to waiters; wakes everyone after a reconnect.
-async fn listen(mut listener: PgListener, events: Arc<KeyEvents>) {
+/// A connection that listens on `channel`.
+async fn subscribe(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(channel).await?;
+    Ok(listener)
+}
+
+/// Dispatches notifications to waiters. When the connection drops, it opens
+/// a new one itself and wakes every waiter twice: at once, and again once
+/// the new connection listens — a release sent while nobody listened was
+/// missed, and the woken waiters look for themselves.
+async fn listen(mut listener: PgListener, pool: PgPool, channel: String, events: Arc<KeyEvents>) {
     loop {
         match listener.try_recv().await {
             Ok(Some(n)) => events.fire(n.payload()),
-            Ok(None) => {
+            Ok(None) | Err(_) => {
                 tracing::debug!("listen connection lost; reconnecting");
                 events.fire_all();
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "listen connection failed; retrying");
+                listener = loop {
+                    match subscribe(&pool, &channel).await {
+                        Ok(l) => break l,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "listen connection failed; retrying");
+                            events.fire_all();
+                            tokio::time::sleep(Duration::from_millis(250)).await;
+                        }
+                    }
+                };
                 events.fire_all();
-                tokio::time::sleep(Duration::from_millis(250)).await;
             }
         }
     }
