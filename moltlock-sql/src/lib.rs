@@ -21,6 +21,7 @@ pub mod postgres;
 pub mod sqlite;
 
 pub use config::{check_ident, redact, Expiry, SqlConfig, DEFAULT_TABLE};
+pub use convert::RETENTION;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlBackend;
 #[cfg(feature = "postgres")]

@@ -51,7 +51,6 @@
 //!   manager.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,21 +66,15 @@ use tokio::sync::OnceCell;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::convert::{fence, holder_info, left_ms, millis, pool_options};
+use crate::convert::{fence, holder_info, left_ms, millis, pool_options, SweepCounter, RETENTION};
 use crate::error::map;
 use crate::observe::Observed;
 use crate::{Expiry, SqlConfig};
 
 const NAME: &str = "postgres";
 
-/// How long an expired or released row is kept before it is swept.
-pub const RETENTION: Duration = Duration::from_secs(3600);
-
 /// The server clock in microseconds since the epoch, as replies report it.
 const NOW_US: &str = "(extract(epoch FROM now()) * 1000000)::bigint";
-
-/// One release in this many also sweeps expired rows.
-const SWEEP_EVERY: u64 = 1024;
 
 /// The SQL of one table, built once from validated names.
 struct Statements {
@@ -262,7 +255,7 @@ struct Inner {
     channel: String,
     events: Arc<KeyEvents>,
     listener: OnceCell<JoinHandle<()>>,
-    releases: AtomicU64,
+    releases: SweepCounter,
     /// What this client saw of held keys, in the observed-expiry mode.
     observed: Option<Observed>,
     /// The server clock, as replies report it (store-clock mode).
@@ -318,7 +311,7 @@ impl PostgresBackend {
                 channel: format!("moltlock_{}", cfg.table),
                 events: Arc::new(KeyEvents::new()),
                 listener: OnceCell::new(),
-                releases: AtomicU64::new(0),
+                releases: SweepCounter::default(),
                 observed: sql.observed.then(Observed::default),
                 clock: StoreClock::new(),
                 sql,
@@ -372,10 +365,9 @@ impl PostgresBackend {
         Ok(done.rows_affected())
     }
 
-    /// Sweeps in the background after every [`SWEEP_EVERY`]th release.
+    /// Sweeps in the background after every 1,024th release.
     fn count_release(&self) {
-        let n = self.inner.releases.fetch_add(1, Ordering::Relaxed) + 1;
-        if !n.is_multiple_of(SWEEP_EVERY) {
+        if !self.inner.releases.release_is_due() {
             return;
         }
         let this = self.clone();
@@ -393,10 +385,13 @@ impl PostgresBackend {
 
     async fn start_listener(&self) -> Result<JoinHandle<()>, Error> {
         let (pool, channel) = (&self.inner.pool, &self.inner.channel);
-        let listener = subscribe(pool, channel)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        let task = listen(listener, pool.clone(), channel.clone(), self.inner.events.clone());
+        let listener = subscribe(pool, channel).await.map_err(|e| map(NAME, e))?;
+        let task = listen(
+            listener,
+            pool.clone(),
+            channel.clone(),
+            self.inner.events.clone(),
+        );
         Ok(tokio::spawn(task))
     }
 }
