@@ -648,6 +648,11 @@ impl Backend for EtcdBackend {
             .with_fair_queue()
             .with_raise_fence()
             .with_min_ttl(self.shared.min_ttl)
+            // A request the client gave up on may still be applied: a lock
+            // key, or a fair-queue entry, that lands after the first
+            // cleanup delete is removed by a later one (a release deletes
+            // the caller's queue entry too).
+            .with_late_write(self.shared.timeout + Duration::from_secs(1))
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
