@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use crate::config::EtcdConfig;
 use crate::error::{call, is_lease_not_found, map, timed_out, NAME};
 use crate::session::Session;
-use crate::watch::KeyWatch;
+use crate::watch::{KeyWatch, WatchHub};
 
 /// etcd's default limit of operations in one Txn is 128; batches stay below.
 const TXN_CHUNK: usize = 100;
@@ -49,6 +49,8 @@ pub(crate) struct Shared {
     pub(crate) timeout: Duration,
     pub(crate) min_ttl: Duration,
     pub(crate) wakeups: Arc<AtomicU64>,
+    /// The one watch stream every waiter of this backend shares.
+    pub(crate) watches: Arc<WatchHub>,
     /// Owner-checked deletes asked for but not confirmed (failed, timed out
     /// or dropped mid-request). Their keys hang on this session's lease,
     /// which further use of the session keeps alive, so every acquisition
@@ -106,6 +108,7 @@ impl EtcdBackend {
         )
         .await?;
         let session = Session::new(client.clone(), config.session_ttl, config.request_timeout);
+        let watches = Arc::new(WatchHub::new(client.clone(), config.request_timeout));
         Ok(Self {
             shared: Arc::new(Shared {
                 client,
@@ -114,6 +117,7 @@ impl EtcdBackend {
                 timeout: config.request_timeout,
                 min_ttl: config.session_ttl,
                 wakeups: Arc::new(AtomicU64::new(0)),
+                watches,
                 pending: std::sync::Mutex::new(HashMap::new()),
                 written: std::sync::Mutex::new(HashMap::new()),
             }),
@@ -148,6 +152,12 @@ impl EtcdBackend {
     /// release wakes one waiter, not a herd.
     pub fn watch_wakeups(&self) -> u64 {
         self.shared.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// How many watch streams this backend has opened (one, unless a stream
+    /// failed): every waiter shares one.
+    pub fn watch_streams_opened(&self) -> u64 {
+        self.shared.watches.streams_opened()
     }
 
     /// Ends the session: revokes its leases, so every hold it wrote vanishes
@@ -657,9 +667,8 @@ impl Backend for EtcdBackend {
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
         Ok(Some(Box::new(KeyWatch {
-            client: self.shared.client.clone(),
+            hub: self.shared.watches.clone(),
             key: self.shared.full_key(key),
-            timeout: self.shared.timeout,
             wakeups: self.shared.wakeups.clone(),
         })))
     }
