@@ -31,7 +31,9 @@ pub(crate) fn spawn_release(
         return;
     };
     let pauses: &'static [Duration] = if in_flight { &CANCELLED_RETRIES } else { &[] };
+    let ticket = crate::pending::Ticket::new();
     handle.spawn(async move {
+        let _ticket = ticket;
         let work = delete_until_gone(backend.as_ref(), &key, &token, pauses);
         if tokio::time::timeout(timeout, work).await.is_err() {
             tracing::debug!(%key, "best-effort release timed out");
