@@ -144,10 +144,11 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
     }
     let talk = args.verbose || std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut opts = LockOptions::new();
-    if args.no_wait {
+    // `--timeout 0` is one attempt, as --no-wait, but reports a timeout.
+    let one_attempt = args.timeout == Some(Duration::ZERO);
+    if args.no_wait || one_attempt {
         opts = opts.no_wait();
-    }
-    if let Some(t) = args.timeout {
+    } else if let Some(t) = args.timeout {
         opts = opts.timeout(t);
     }
     if args.fair {
@@ -165,7 +166,7 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
         Ok((Some(g), waited)) => (g, waited),
         Ok((None, _)) => {
             eprintln!("moltlock: {:?} is held elsewhere", args.key);
-            return Ok(conflict(EXIT_BUSY));
+            return Ok(conflict(if one_attempt { EXIT_TIMEOUT } else { EXIT_BUSY }));
         }
         Err(Error::Timeout { waited, .. }) => {
             eprintln!(
