@@ -212,13 +212,7 @@ fn lost_lock_stops_the_command() {
         .spawn()
         .unwrap();
     wait_held(&url, &k);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let backend = moltlock::connect(&url).await.unwrap();
-        let lk: moltlock::LockKey = k.parse().unwrap();
-        let info = backend.inspect(&lk).await.unwrap().expect("no holder");
-        assert!(backend.delete(&lk, &info.holder).await.unwrap());
-    });
+    steal(&url, &k);
     let started = Instant::now();
     let out = holder.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(125));
@@ -498,7 +492,7 @@ fn steal(url: &str, k: &str) {
     rt.block_on(async {
         let backend = moltlock::connect(url).await.unwrap();
         let lk: moltlock::LockKey = k.parse().unwrap();
-        let info = backend.inspect(&lk).await.unwrap().expect("no holder");
+        let info = backend.inspect(&lk).await.unwrap().unwrap();
         assert!(backend.delete(&lk, &info.holder).await.unwrap());
     });
 }
