@@ -617,7 +617,7 @@ fn item4_a_command_ignoring_sigterm_is_killed_before_the_handover() {
     let result = dir.path().join("overlap");
     let k = key();
     let script = format!("trap '' TERM; {}", two_pids(&pidfile));
-    let first = moltlock(&proxied)
+    let mut first = moltlock(&proxied)
         .args([
             "run", "--key", &k, "--ttl", "6s", "--grace", "2500ms", "--", "sh", "-c", &script,
         ])
