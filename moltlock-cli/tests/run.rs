@@ -737,53 +737,64 @@ fn item5_default_store_is_per_user_not_per_directory() {
     }
 }
 
-/// Item 6: an attempt cut short by --timeout leaves no hold behind: an
-/// immediate --no-wait run gets the key (repeated, since the cut lands at
-/// a random point of the attempt).
+/// One `--timeout` run on a fresh key, then an immediate `--no-wait` run
+/// that must get the key: the cut attempt left no hold behind.
+fn cut_attempt_leaves_key_free(url: &str, timeout: &str) {
+    let k = key();
+    let first = moltlock(url)
+        .args(["run", "--key", &k, "--timeout", timeout, "--", "true"])
+        .output()
+        .unwrap();
+    assert!(
+        matches!(first.status.code(), Some(0 | 124)),
+        "--timeout {timeout}: {first:?}"
+    );
+    let next = moltlock(url)
+        .args(["run", "--key", &k, "--no-wait", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        next.status.code(),
+        Some(0),
+        "--timeout {timeout} left the key held: {next:?}"
+    );
+}
+
+/// Item 6: attempts cut short by --timeout leave no hold behind (30 tries,
+/// ten at a time, since the cut lands at a random point of the attempt),
+/// and `--timeout 0` is one attempt.
 #[test]
 fn item6_timed_out_attempts_leave_the_key_free() {
-    let home = tempfile::tempdir().unwrap();
-    for timeout in [
-        "0", "1ms", "2ms", "3ms", "5ms", "0", "1ms", "2ms", "3ms", "5ms",
-    ] {
-        let k = key();
-        let first = moltlock_home(home.path())
-            .args(["run", "--key", &k, "--timeout", timeout, "--", "true"])
-            .output()
-            .unwrap();
-        assert!(
-            matches!(first.status.code(), Some(0 | 124)),
-            "--timeout {timeout}: {first:?}"
-        );
-        let next = moltlock_home(home.path())
-            .args(["run", "--key", &k, "--no-wait", "--", "true"])
-            .output()
-            .unwrap();
-        assert_eq!(
-            next.status.code(),
-            Some(0),
-            "--timeout {timeout} left the key held: {next:?}"
-        );
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    for batch in 0..3 {
+        std::thread::scope(|s| {
+            for i in 0..10 {
+                let timeout = ["0", "1ms", "2ms", "3ms", "5ms"][(batch + i) % 5];
+                let url = url.as_str();
+                s.spawn(move || cut_attempt_leaves_key_free(url, timeout));
+            }
+        });
     }
+    let out = moltlock(&url)
+        .args(["run", "--key", &key(), "--timeout", "0", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "--timeout 0 on a free key: {out:?}");
 }
 
 /// Item 6 on a server store.
 #[test]
 fn item6_timed_out_attempts_leave_the_key_free_on_postgres() {
     let url = fixtures::postgres::shared_url().unwrap_or_else(|e| panic!("{e}"));
-    for timeout in ["1ms", "2ms", "5ms", "10ms", "20ms"] {
-        let k = key();
-        let first = moltlock(&url)
-            .args(["run", "--key", &k, "--timeout", timeout, "--", "true"])
-            .output()
-            .unwrap();
-        assert!(matches!(first.status.code(), Some(0 | 124)), "{first:?}");
-        let next = moltlock(&url)
-            .args(["run", "--key", &k, "--no-wait", "--", "true"])
-            .output()
-            .unwrap();
-        assert_eq!(next.status.code(), Some(0), "--timeout {timeout}: {next:?}");
-    }
+    std::thread::scope(|s| {
+        for timeout in [
+            "1ms", "2ms", "5ms", "10ms", "20ms", "1ms", "2ms", "5ms", "10ms", "20ms",
+        ] {
+            let url = url.as_str();
+            s.spawn(move || cut_attempt_leaves_key_free(url, timeout));
+        }
+    });
 }
 
 /// Item 8: no form of a malformed URL, from --url or MOLTLOCK_URL, prints
@@ -925,12 +936,14 @@ fn item11_waiting_says_who_holds_the_key() {
     assert!(holder.wait().unwrap().success());
 }
 
-/// Item 12: `status` lines up long fences and shows time left as `12.3s`;
-/// `conformance` prints `name  ok  time` lines and the summary.
+/// Item 12: `status` lines up 16-digit fences (Redis fences are the
+/// server's time in µs) and shows time left as `12.3s`.
 #[test]
-fn item12_status_and_conformance_output() {
+fn item12_status_lines_up_long_fences() {
+    let redis = fixtures::redis::redis().unwrap_or_else(|e| panic!("{e}"));
+    let prefix = fixtures::redis::unique_prefix();
+    let url = format!("{}?key_prefix={prefix}", redis.url());
     let dir = tempfile::tempdir().unwrap();
-    let url = sqlite_url(dir.path());
     let k = key();
     let pidfile = dir.path().join("pid");
     let script = format!("echo $$ > {}; sleep 2", pidfile.display());
@@ -939,18 +952,51 @@ fn item12_status_and_conformance_output() {
         .spawn()
         .unwrap();
     wait_pids(&pidfile, 1);
-    let out = moltlock(&url).arg("status").output().unwrap();
+    let out = moltlock(&url)
+        .args(["status", "--prefix", "cli/"])
+        .output()
+        .unwrap();
+    holder.wait().unwrap();
+    redis_clean(&redis_addr(&redis.url()), &prefix);
     let text = String::from_utf8_lossy(&out.stdout);
-    let lines: Vec<&str> = text.lines().skip(1).collect();
-    assert!(lines[0].starts_with("KEY"), "{text}");
+    let lines: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("KEY")).collect();
+    assert!(lines.len() >= 2, "{text}");
+    let fence = lines[1].split_whitespace().nth(1).unwrap();
+    assert!(fence.len() >= 16, "fence {fence}: {text}");
     let holder_col: Vec<usize> = lines.iter().map(|l| l.rfind("  ").unwrap()).collect();
-    assert!(holder_col.windows(2).all(|w| w[0] == w[1]), "{text}");
+    assert!(
+        holder_col.windows(2).all(|w| w[0] == w[1]),
+        "misaligned:\n{text}"
+    );
     let left = lines[1].split_whitespace().nth(2).unwrap();
     assert!(
         left.ends_with('s') && left.contains('.'),
         "time left {left:?}: {text}"
     );
-    holder.wait().unwrap();
+}
+
+/// Item 12: `conformance` prints each case as `name  ok  time`, then the
+/// summary.
+#[test]
+fn item12_conformance_prints_cases_with_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = moltlock(&sqlite_url(dir.path()))
+        .args(["conformance", "--only", "acquire_and_release"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("acquire_and_release "))
+        .unwrap_or_else(|| panic!("{text}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words[1], "ok", "{line}");
+    assert!(words[2].ends_with('s'), "no time in {line:?}");
+    assert!(
+        text.trim_end().ends_with("1 passed, 0 failed, 0 skipped"),
+        "{text}"
+    );
 }
 
 /// Item 13: durations in the forms people type.
