@@ -22,6 +22,8 @@ use crate::{
 const DRIFT: f64 = 0.02;
 /// The grace when `--grace` is not given (shortened to fit the TTL).
 const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+/// How long the release after the command may take.
+const RELEASE_WAIT: Duration = Duration::from_secs(5);
 
 /// Options of `moltlock run`.
 #[derive(Args, Debug)]
@@ -132,7 +134,12 @@ impl Signals {
 pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
     let grace = grace(&args)?;
     let mut signals = Signals::new()?;
-    let manager = LockManager::builder_arc(moltlock::connect(url).await?)
+    // Signals are handled from here on, so every wait must also watch them.
+    let backend = tokio::select! {
+        b = moltlock::connect(url) => b?,
+        sig = signals.recv() => return Ok(signal_status(sig)),
+    };
+    let manager = LockManager::builder_arc(backend)
         .ttl(args.ttl)
         .drift(DRIFT)
         .build()?;
@@ -186,12 +193,20 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
         );
     }
     let code = supervise(&guard, &args, url, grace, &mut signals).await;
-    match guard.release().await {
-        Ok(()) | Err(Error::NotHeld { .. }) => {}
-        Err(e) => eprintln!(
+    // A store that stopped answering must not keep `moltlock` from exiting:
+    // the hold then lives until its TTL.
+    match tokio::time::timeout(RELEASE_WAIT, guard.release()).await {
+        Ok(Ok(()) | Err(Error::NotHeld { .. })) => {}
+        Ok(Err(e)) => eprintln!(
             "moltlock: release of {:?}: {}",
             args.key,
             moltlock::redact(&e.to_string())
+        ),
+        Err(_) => eprintln!(
+            "moltlock: the store did not confirm the release of {:?} within {}; \
+             the hold ends with its TTL",
+            args.key,
+            duration::format(RELEASE_WAIT)
         ),
     }
     Ok(code)
