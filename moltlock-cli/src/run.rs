@@ -289,6 +289,10 @@ async fn supervise(
             return EXIT_ERROR;
         }
     };
+    // The watchdog knows the deadline before the command starts.
+    if let Some(left) = guard.valid_for() {
+        watchdog.deadline(Instant::now() + left, grace).await;
+    }
     let mut child = match spawn(guard, args, url, watchdog.pgid_raw()) {
         Ok(c) => c,
         Err(code) => {
@@ -362,6 +366,11 @@ async fn supervise(
     let status = tokio::select! {
         s = child.wait() => s,
         () = tokio::time::sleep_until(kill_at) => {
+            signal_group(pgid, Signal::KILL);
+            child.wait().await
+        }
+        // A second signal does not wait for the grace.
+        _ = signals.recv() => {
             signal_group(pgid, Signal::KILL);
             child.wait().await
         }
