@@ -1040,3 +1040,139 @@ fn item14_fair_queue_where_there_is_one() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
 }
+
+/// The external check, on one store: SIGKILL of the wrapper leaves no
+/// process of the command; SIGSTOP of the wrapper never lets the next holder
+/// run beside the command; fences rise from holder to holder.
+fn wrapper_faults_are_safe(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+
+    // SIGKILL.
+    let pidfile = dir.path().join("killed");
+    let k = key();
+    let mut wrapper = moltlock(url)
+        .args(["run", "--key", &k, "--", "sh", "-c", &two_pids(&pidfile)])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pids = wait_pids(&pidfile, 2);
+    wrapper.kill().unwrap();
+    gone_within(&pids, Duration::from_secs(1));
+    wrapper.wait().unwrap();
+    steal_if_held(url, &k);
+
+    // SIGSTOP, then the next holder.
+    let pidfile = dir.path().join("stopped");
+    let fences = dir.path().join("fences");
+    let result = dir.path().join("overlap");
+    let k = key();
+    let script = format!(
+        "echo $MOLTLOCK_FENCE >> {}; {}",
+        fences.display(),
+        two_pids(&pidfile)
+    );
+    let mut first = moltlock(url)
+        .args(["run", "--key", &k, "--ttl", "3s", "--", "sh", "-c", &script])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pids = wait_pids(&pidfile, 2);
+    send(first.id(), rustix::process::Signal::STOP);
+    let check = format!(
+        "echo $MOLTLOCK_FENCE >> {}; for p in {}; do if [ -e /proc/$p ] && \
+         ! grep -q '^State:.*[ZX]' /proc/$p/status; then echo running $p; fi; done > {}",
+        fences.display(),
+        pids.iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(" "),
+        result.display()
+    );
+    let second = moltlock(url)
+        .args([
+            "run",
+            "--key",
+            &k,
+            "--timeout",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            &check,
+        ])
+        .output()
+        .unwrap();
+    send(first.id(), rustix::process::Signal::CONT);
+    let first = first.wait().unwrap();
+    gone_within(&pids, Duration::from_secs(2));
+    assert!(second.status.success(), "{url}: {second:?}");
+    let overlap = std::fs::read_to_string(&result).unwrap();
+    assert!(
+        overlap.is_empty(),
+        "{url}: the next holder ran beside: {overlap}"
+    );
+    assert_eq!(first.code(), Some(125), "{url}");
+    let fences: Vec<u64> = std::fs::read_to_string(&fences)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert!(
+        fences.len() == 2 && fences[1] > fences[0],
+        "{url}: fences {fences:?}"
+    );
+}
+
+/// Deletes the hold on `k` if one is left (a killed wrapper's, until its
+/// TTL), so shared servers keep nothing.
+fn steal_if_held(url: &str, k: &str) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let backend = moltlock::connect(url).await.unwrap();
+        let lk: moltlock::LockKey = k.parse().unwrap();
+        if let Some(info) = backend.inspect(&lk).await.unwrap() {
+            let _ = backend.delete(&lk, &info.holder).await;
+        }
+    });
+}
+
+#[test]
+fn wrapper_faults_are_safe_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    wrapper_faults_are_safe(&sqlite_url(dir.path()));
+}
+
+#[test]
+fn wrapper_faults_are_safe_on_redis() {
+    let redis = fixtures::redis::redis().unwrap_or_else(|e| panic!("{e}"));
+    let prefix = fixtures::redis::unique_prefix();
+    let url = format!("{}?key_prefix={prefix}", redis.url());
+    let outcome = std::panic::catch_unwind(|| wrapper_faults_are_safe(&url));
+    redis_clean(&redis_addr(&redis.url()), &prefix);
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e);
+    }
+}
+
+#[test]
+fn wrapper_faults_are_safe_on_postgres() {
+    let url = fixtures::postgres::shared_url().unwrap_or_else(|e| panic!("{e}"));
+    wrapper_faults_are_safe(&url);
+}
+
+#[test]
+fn wrapper_faults_are_safe_on_mysql() {
+    let url = std::env::var("MOLTLOCK_MYSQL_URL").unwrap_or_else(|_| {
+        panic!(
+            "set MOLTLOCK_MYSQL_URL to a MySQL/MariaDB (scripts/test.sh does, starting \
+             scripts/private-mariadb.sh when none answers on port 3306)"
+        )
+    });
+    wrapper_faults_are_safe(&url);
+}
+
+#[test]
+fn wrapper_faults_are_safe_on_etcd() {
+    let etcd = fixtures::etcd::etcd().unwrap_or_else(|e| panic!("{e}"));
+    wrapper_faults_are_safe(&etcd.url());
+}
