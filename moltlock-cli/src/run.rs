@@ -161,6 +161,7 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
     if args.fair {
         opts = opts.fair();
     }
+    opts = opts.description(describe_self(&args.command));
     let conflict = |default: u8| args.conflict_exit_code.unwrap_or(default);
     let acquired = tokio::select! {
         r = acquire(&manager, &args.key, opts, talk) => r,
@@ -172,7 +173,10 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
     let (guard, waited) = match acquired {
         Ok((Some(g), waited)) => (g, waited),
         Ok((None, _)) => {
-            eprintln!("moltlock: {:?} is held elsewhere", args.key);
+            match holder_of(&manager, &args.key).await {
+                Some(h) => eprintln!("moltlock: {:?} is held by {}", args.key, about(&h)),
+                None => eprintln!("moltlock: {:?} is held elsewhere", args.key),
+            }
             return Ok(conflict(if one_attempt { EXIT_TIMEOUT } else { EXIT_BUSY }));
         }
         Err(Error::Timeout { waited, .. }) => {
@@ -232,22 +236,8 @@ async fn acquire(
         _ = tokio::time::sleep(Duration::from_millis(200)) => {}
     }
     let notice = async {
-        let holder = match moltlock::LockKey::new(key) {
-            Ok(k) if manager.backend().capabilities().inspect => {
-                manager.backend().inspect(&k).await.ok().flatten()
-            }
-            _ => None,
-        };
-        match holder {
-            Some(h) => {
-                let token: String = h.holder.as_str().chars().take(8).collect();
-                let fence = h.fence.map(|f| format!(", fence {f}")).unwrap_or_default();
-                let left = h
-                    .expires_in
-                    .map(|d| format!(", {} left", duration::format(d)))
-                    .unwrap_or_default();
-                eprintln!("moltlock: {key:?} is held by {token}…{fence}{left}; waiting");
-            }
+        match holder_of(manager, key).await {
+            Some(h) => eprintln!("moltlock: {key:?} is held by {}; waiting", about(&h)),
             None => eprintln!("moltlock: waiting for {key:?}"),
         }
         std::future::pending::<()>().await;
@@ -256,6 +246,53 @@ async fn acquire(
         r = &mut fut => r.map(|g| (g, true)),
         () = notice => unreachable_pending(),
     }
+}
+
+/// The current holder of `key`, where the store can tell.
+async fn holder_of(manager: &LockManager, key: &str) -> Option<moltlock::HolderInfo> {
+    let k = moltlock::LockKey::new(key).ok()?;
+    if !manager.backend().capabilities().inspect {
+        return None;
+    }
+    manager.backend().inspect(&k).await.ok().flatten()
+}
+
+/// `host h pid p since t: command (abcdef12…, fence f, 12.3s left)`.
+fn about(h: &moltlock::HolderInfo) -> String {
+    let token: String = h.holder.as_str().chars().take(8).collect();
+    let fence = h.fence.map(|f| format!(", fence {f}")).unwrap_or_default();
+    let left = h
+        .expires_in
+        .map(|d| format!(", {} left", duration::format(d)))
+        .unwrap_or_default();
+    match &h.description {
+        Some(d) => format!("{d} ({token}…{fence}{left})"),
+        None => format!("{token}…{fence}{left}"),
+    }
+}
+
+/// What this run stores with its hold: host, pid, start time and command,
+/// cut to the description limit.
+fn describe_self(command: &[String]) -> String {
+    let host = rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned();
+    let since = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+    let text = format!(
+        "host {host} pid {} since {since}: {}",
+        std::process::id(),
+        command.join(" ")
+    );
+    let clean: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let mut end = clean.len().min(moltlock::MAX_DESCRIPTION_LEN);
+    while !clean.is_char_boundary(end) {
+        end -= 1;
+    }
+    clean[..end].to_owned()
 }
 
 /// The `notice` future above never completes.

@@ -23,6 +23,7 @@ struct Row {
     fence: Option<u64>,
     expires_in_ms: Option<u64>,
     holder: String,
+    description: Option<String>,
 }
 
 impl From<&HolderInfo> for Row {
@@ -34,6 +35,7 @@ impl From<&HolderInfo> for Row {
                 .expires_in
                 .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             holder: h.holder.as_str().chars().take(8).collect(),
+            description: h.description.clone(),
         }
     }
 }
@@ -107,7 +109,7 @@ fn table(rows: &[Row], on: bool) -> String {
     if rows.is_empty() {
         return "no locks held\n".to_owned();
     }
-    let cells: Vec<[String; 4]> = rows
+    let cells: Vec<[String; 5]> = rows
         .iter()
         .map(|r| {
             [
@@ -117,10 +119,11 @@ fn table(rows: &[Row], on: bool) -> String {
                     .map(|ms| duration::format(std::time::Duration::from_millis(ms)))
                     .unwrap_or_else(|| "-".into()),
                 format!("{}…", r.holder),
+                r.description.clone().unwrap_or_else(|| "-".into()),
             ]
         })
         .collect();
-    let head = ["KEY", "FENCE", "LEFT", "HOLDER"];
+    let head = ["KEY", "FENCE", "LEFT", "HOLDER", "DESCRIPTION"];
     let width = |i: usize| {
         cells
             .iter()
@@ -129,11 +132,14 @@ fn table(rows: &[Row], on: bool) -> String {
             .max()
             .unwrap_or(0)
     };
-    let (wk, wf, wl) = (width(0), width(1), width(2));
-    let line = |c: [&str; 4]| format!("{:<wk$}  {:>wf$}  {:>wl$}  {}", c[0], c[1], c[2], c[3]);
+    let (wk, wf, wl, wh) = (width(0), width(1), width(2), width(3));
+    let line = |c: [&str; 5]| {
+        let (k, f, l, h, d) = (c[0], c[1], c[2], c[3], c[4]);
+        format!("{k:<wk$}  {f:>wf$}  {l:>wl$}  {h:<wh$}  {d}")
+    };
     let mut out = format!("{}\n", paint(&line(head), "1", on));
     for c in &cells {
-        out.push_str(&line([&c[0], &c[1], &c[2], &c[3]]));
+        out.push_str(&line([&c[0], &c[1], &c[2], &c[3], &c[4]]));
         out.push('\n');
     }
     out
@@ -150,28 +156,34 @@ mod tests {
             fence: Some(42),
             expires_in_ms: Some(29_500),
             holder: "abcdef12".into(),
+            description: Some("host h pid 7 since 2026-12-01T10:00:00Z: ./report.sh".into()),
         }];
         let t = table(&rows, false);
         assert!(t.starts_with("KEY   "), "{t}");
-        assert!(t.contains("jobs/a     42  29.5s  abcdef12…"), "{t}");
+        assert!(
+            t.contains("jobs/a     42  29.5s  abcdef12…  host h pid 7"),
+            "{t}"
+        );
         let rows = vec![
             Row {
                 key: "a".into(),
                 fence: Some(1_733_000_000_123_456),
                 expires_in_ms: Some(245_000),
                 holder: "abcdef12".into(),
+                description: None,
             },
             Row {
                 key: "bb".into(),
                 fence: Some(7),
                 expires_in_ms: None,
                 holder: "12345678".into(),
+                description: Some("host h pid 8".into()),
             },
         ];
         let t = table(&rows, false);
         let ends: Vec<usize> = t
             .lines()
-            .map(|l| l.find("  ").map_or(0, |_| l.rfind("  ").unwrap_or(0)))
+            .map(|l| l.rfind("  ").map_or(0, |i| l[..i].chars().count()))
             .collect();
         assert!(ends.windows(2).all(|w| w[0] == w[1]), "misaligned:\n{t}");
         assert!(t.contains("4m05s"), "{t}");

@@ -9,6 +9,12 @@ use moltlock_conformance::fixtures;
 
 const BIN: &str = env!("CARGO_BIN_EXE_moltlock");
 
+/// `url` with one more query parameter.
+fn with_param(url: &str, param: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{param}")
+}
+
 fn moltlock(url: &str) -> Command {
     let mut c = Command::new(BIN);
     c.env("MOLTLOCK_URL", url).env("NO_COLOR", "1");
@@ -929,11 +935,64 @@ fn item11_waiting_says_who_holds_the_key() {
     assert!(out.status.success(), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("is held by") && err.contains("left; waiting"),
+        err.contains("is held by") && err.contains("left); waiting"),
         "{err}"
     );
+    // Who holds it, in the holder's own words: host, pid, since, command.
+    let pid = format!("pid {} since ", holder.id());
+    assert!(err.contains(&pid) && err.contains(": sh -c echo"), "{err}");
     assert!(err.contains("acquired") && err.contains("(fence "), "{err}");
     assert!(holder.wait().unwrap().success());
+}
+
+/// Item 11: the holder's description shows in `status` and in the busy
+/// answer of `--no-wait`, and goes with the hold.
+#[test]
+fn item11_status_and_busy_answer_name_the_holder() {
+    let home = tempfile::tempdir().unwrap();
+    let pidfile = home.path().join("pid");
+    let k = key();
+    let script = format!("echo $$ > {}; sleep 2", pidfile.display());
+    let mut holder = moltlock_home(home.path())
+        .args(["run", "--key", &k, "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    wait_pids(&pidfile, 1);
+    let pid = format!("pid {} since ", holder.id());
+    let busy = moltlock_home(home.path())
+        .args(["run", "--no-wait", "--key", &k, "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(busy.status.code(), Some(75), "{busy:?}");
+    let err = String::from_utf8_lossy(&busy.stderr);
+    assert!(
+        err.contains("is held by host ") && err.contains(&pid),
+        "{err}"
+    );
+    let status = moltlock_home(home.path())
+        .args(["status"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        table.contains("DESCRIPTION") && table.contains(&pid),
+        "{table}"
+    );
+    let json = moltlock_home(home.path())
+        .args(["status", "--json"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&json.stdout).contains("\"description\""));
+    assert!(holder.wait().unwrap().success());
+    let after = moltlock_home(home.path())
+        .args(["status"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&after.stdout);
+    assert!(
+        !table.contains(&pid),
+        "the description outlived its hold: {table}"
+    );
 }
 
 /// Item 12: `status` lines up 16-digit fences (Redis fences are the
@@ -942,7 +1001,7 @@ fn item11_waiting_says_who_holds_the_key() {
 fn item12_status_lines_up_long_fences() {
     let redis = fixtures::redis::redis().unwrap_or_else(|e| panic!("{e}"));
     let prefix = fixtures::redis::unique_prefix();
-    let url = format!("{}?key_prefix={prefix}", redis.url());
+    let url = with_param(&redis.url(), &format!("key_prefix={prefix}"));
     let dir = tempfile::tempdir().unwrap();
     let k = key();
     let pidfile = dir.path().join("pid");
@@ -1146,7 +1205,7 @@ fn wrapper_faults_are_safe_on_sqlite() {
 fn wrapper_faults_are_safe_on_redis() {
     let redis = fixtures::redis::redis().unwrap_or_else(|e| panic!("{e}"));
     let prefix = fixtures::redis::unique_prefix();
-    let url = format!("{}?key_prefix={prefix}", redis.url());
+    let url = with_param(&redis.url(), &format!("key_prefix={prefix}"));
     let outcome = std::panic::catch_unwind(|| wrapper_faults_are_safe(&url));
     redis_clean(&redis_addr(&redis.url()), &prefix);
     if let Err(e) = outcome {

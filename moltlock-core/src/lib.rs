@@ -54,4 +54,7 @@ pub use migrate::{MigratingBackend, Phase};
 pub use pending::{pending_cleanups, wait_for_cleanups};
 pub use redact::{redact, redact_error};
 pub use retry::RetryPolicy;
-pub use types::{check_ttl, Fence, LockKey, Token, MAX_KEY_LEN, MAX_TTL, MIN_TTL};
+pub use types::{
+    check_description, check_ttl, Fence, LockKey, Token, MAX_DESCRIPTION_LEN, MAX_KEY_LEN, MAX_TTL,
+    MIN_TTL,
+};

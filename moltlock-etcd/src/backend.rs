@@ -29,6 +29,8 @@ const TXN_CHUNK: usize = 100;
 pub(crate) const QUEUE_MARK: &str = "\u{0}queue/";
 /// Marks the key holding a lock's fence offset (see [`Shared::offset_key`]).
 pub(crate) const OFFSET_MARK: &str = "\u{0}fence";
+/// Marks the key holding a hold's description, on the hold's own lease.
+pub(crate) const INFO_MARK: &str = "\u{0}info";
 
 /// A MoltLock backend on etcd v3.
 ///
@@ -206,6 +208,11 @@ impl Shared {
         format!("{}{}{OFFSET_MARK}", self.prefix, key.as_str()).into_bytes()
     }
 
+    /// The key holding the description of `key`'s hold.
+    pub(crate) fn info_key(&self, key: &LockKey) -> Vec<u8> {
+        format!("{}{}{INFO_MARK}", self.prefix, key.as_str()).into_bytes()
+    }
+
     pub(crate) fn queue_prefix(&self, key: &LockKey) -> Vec<u8> {
         format!("{}{}{QUEUE_MARK}", self.prefix, key.as_str()).into_bytes()
     }
@@ -250,6 +257,7 @@ impl Shared {
                 .and_then([
                     TxnOp::put(k.clone(), token.as_str(), Some(put)),
                     TxnOp::get(self.offset_key(key), None),
+                    TxnOp::delete(self.info_key(key), None),
                 ])
                 .or_else([TxnOp::get(k.clone(), None)]);
             match self.txn(txn).await {
@@ -322,6 +330,7 @@ impl Shared {
                 TxnOp::put(k.clone(), new.as_str(), Some(put)),
                 TxnOp::get(k.clone(), None),
                 TxnOp::get(self.offset_key(key), None),
+                TxnOp::delete(self.info_key(key), None),
             ])
             .or_else([TxnOp::get(k.clone(), None)]);
         let resp = self.txn(txn).await.map_err(map)?;
@@ -387,7 +396,11 @@ impl Shared {
         let entry = self.queue_entry(key, owner);
         let txn = Txn::new()
             .when([Compare::value(k.clone(), CompareOp::Equal, owner.as_str())])
-            .and_then([TxnOp::delete(k, None), TxnOp::delete(entry.clone(), None)])
+            .and_then([
+                TxnOp::delete(k, None),
+                TxnOp::delete(entry.clone(), None),
+                TxnOp::delete(self.info_key(key), None),
+            ])
             .or_else([TxnOp::delete(entry, None)]);
         Ok(self.txn(txn).await.map_err(map)?.succeeded())
     }
@@ -543,7 +556,18 @@ impl Shared {
             holder: Token::from_stored(String::from_utf8_lossy(kv.value())),
             fence: u64::try_from(kv.create_revision()).ok().map(Fence),
             expires_in,
+            description: None,
         })
+    }
+
+    /// The description stored with `key`'s hold, if any.
+    pub(crate) async fn description(&self, key: &LockKey) -> Result<Option<String>, Error> {
+        let mut client = self.client.clone();
+        let resp = call("get", self.timeout, client.get(self.info_key(key), None)).await?;
+        Ok(resp
+            .kvs()
+            .first()
+            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
     }
 }
 
@@ -657,6 +681,7 @@ impl Backend for EtcdBackend {
             .with_batch_renew()
             .with_fair_queue()
             .with_raise_fence()
+            .with_describe()
             .with_min_ttl(self.shared.min_ttl)
             // A request the client gave up on may still be applied: a lock
             // key, or a fair-queue entry, that lands after the first
@@ -698,7 +723,41 @@ impl Backend for EtcdBackend {
         info.fence = info
             .fence
             .map(|f| Fence(f.get().saturating_add(offset.unsigned_abs())));
+        info.description = self.shared.description(key).await?;
         Ok(Some(info))
+    }
+
+    /// Puts the description on the hold's own lease, in a Txn that checks
+    /// the token and the lease, so it ends with the hold.
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        let k = self.shared.full_key(key);
+        let mut client = self.shared.client.clone();
+        let resp = call("get", self.shared.timeout, client.get(k.clone(), None)).await?;
+        let Some(kv) = resp
+            .kvs()
+            .first()
+            .filter(|kv| kv.value() == owner.as_str().as_bytes())
+        else {
+            return Ok(false);
+        };
+        let lease = kv.lease();
+        let put = PutOptions::new().with_lease(lease);
+        let txn = Txn::new()
+            .when([
+                Compare::value(k.clone(), CompareOp::Equal, owner.as_str()),
+                Compare::lease(k, CompareOp::Equal, lease),
+            ])
+            .and_then([TxnOp::put(
+                self.shared.info_key(key),
+                description,
+                Some(put),
+            )]);
+        Ok(self.shared.txn(txn).await.map_err(map)?.succeeded())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
@@ -707,12 +766,18 @@ impl Backend for EtcdBackend {
         let opts = GetOptions::new().with_prefix();
         let resp = call("get", self.shared.timeout, client.get(full, Some(opts))).await?;
         let mut ttls = HashMap::new();
+        let mut descriptions = HashMap::new();
         let mut out = Vec::new();
         for kv in resp.kvs() {
             let name = String::from_utf8_lossy(kv.key());
             let Some(key) = name.strip_prefix(&self.shared.prefix) else {
                 continue;
             };
+            if let Some(held) = key.strip_suffix(INFO_MARK) {
+                let text = String::from_utf8_lossy(kv.value()).into_owned();
+                descriptions.insert(held.to_owned(), text);
+                continue;
+            }
             if key.contains(QUEUE_MARK) || key.contains(OFFSET_MARK) {
                 continue;
             }
@@ -721,6 +786,9 @@ impl Backend for EtcdBackend {
                     .holder_info(key.to_owned(), kv, &mut ttls)
                     .await?,
             );
+        }
+        for info in &mut out {
+            info.description = descriptions.remove(&info.key);
         }
         Ok(out)
     }
