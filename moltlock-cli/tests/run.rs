@@ -441,36 +441,44 @@ fn item1_sighup_and_sigquit_stop_the_command_group() {
 #[test]
 fn item1_sigstop_of_the_wrapper_never_overlaps_the_next_holder() {
     let home = tempfile::tempdir().unwrap();
-    let pidfile = home.path().join("pids");
-    let result = home.path().join("overlap");
+    let fences = sigstop_never_overlaps(&|| moltlock_home(home.path()), home.path(), "5s");
+    assert!(
+        fences.len() == 2 && fences[1] > fences[0],
+        "fences {fences:?}"
+    );
+}
+
+/// SIGSTOPs a holder's wrapper, then runs the next holder, whose command
+/// checks that none of the first command's processes still runs; returns
+/// the two holders' fences. `cmd` makes a `moltlock` command for the store.
+fn sigstop_never_overlaps(cmd: &dyn Fn() -> Command, dir: &Path, ttl: &str) -> Vec<u64> {
+    let pidfile = dir.join("stopped");
+    let fences = dir.join("fences");
+    let result = dir.join("overlap");
     let k = key();
-    let mut first = moltlock_home(home.path())
-        .args([
-            "run",
-            "--key",
-            &k,
-            "--ttl",
-            "5s",
-            "--",
-            "sh",
-            "-c",
-            &two_pids(&pidfile),
-        ])
+    let script = format!(
+        "echo $MOLTLOCK_FENCE >> {}; {}",
+        fences.display(),
+        two_pids(&pidfile)
+    );
+    let mut first = cmd()
+        .args(["run", "--key", &k, "--ttl", ttl, "--", "sh", "-c", &script])
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let pids = wait_pids(&pidfile, 2);
     send(first.id(), rustix::process::Signal::STOP);
     let check = format!(
-        "for p in {}; do if [ -e /proc/$p ] && ! grep -q '^State:.*[ZX]' /proc/$p/status; \
-         then echo running $p; fi; done > {}",
+        "echo $MOLTLOCK_FENCE >> {}; for p in {}; do if [ -e /proc/$p ] && \
+         ! grep -q '^State:.*[ZX]' /proc/$p/status; then echo running $p; fi; done > {}",
+        fences.display(),
         pids.iter()
             .map(u32::to_string)
             .collect::<Vec<_>>()
             .join(" "),
         result.display()
     );
-    let second = moltlock_home(home.path())
+    let second = cmd()
         .args([
             "run",
             "--key",
@@ -491,6 +499,11 @@ fn item1_sigstop_of_the_wrapper_never_overlaps_the_next_holder() {
     let overlap = std::fs::read_to_string(&result).unwrap();
     assert!(overlap.is_empty(), "the next holder ran beside: {overlap}");
     assert_eq!(first.code(), Some(125));
+    std::fs::read_to_string(&fences)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect()
 }
 
 /// Removes the key behind a running holder, so its next renewal is refused.
@@ -1022,11 +1035,19 @@ fn item12_status_lines_up_long_fences() {
     assert!(lines.len() >= 2, "{text}");
     let fence = lines[1].split_whitespace().nth(1).unwrap();
     assert!(fence.len() >= 16, "fence {fence}: {text}");
-    let holder_col: Vec<usize> = lines.iter().map(|l| l.rfind("  ").unwrap()).collect();
-    assert!(
-        holder_col.windows(2).all(|w| w[0] == w[1]),
-        "misaligned:\n{text}"
-    );
+    // Each column starts, in characters, where its heading does.
+    let chars = |l: &str, byte: usize| l[..byte].chars().count();
+    for heading in ["HOLDER", "DESCRIPTION"] {
+        let at = chars(lines[0], lines[0].find(heading).unwrap());
+        for l in &lines[1..] {
+            let cell: String = l.chars().skip(at).collect();
+            let before = l.chars().nth(at.saturating_sub(1));
+            assert!(
+                before == Some(' ') && !cell.starts_with(' '),
+                "{heading} misaligned:\n{text}"
+            );
+        }
+    }
     let left = lines[1].split_whitespace().nth(2).unwrap();
     assert!(
         left.ends_with('s') && left.contains('.'),
@@ -1121,61 +1142,7 @@ fn wrapper_faults_are_safe(url: &str) {
     steal_if_held(url, &k);
 
     // SIGSTOP, then the next holder.
-    let pidfile = dir.path().join("stopped");
-    let fences = dir.path().join("fences");
-    let result = dir.path().join("overlap");
-    let k = key();
-    let script = format!(
-        "echo $MOLTLOCK_FENCE >> {}; {}",
-        fences.display(),
-        two_pids(&pidfile)
-    );
-    let mut first = moltlock(url)
-        .args(["run", "--key", &k, "--ttl", "3s", "--", "sh", "-c", &script])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pids = wait_pids(&pidfile, 2);
-    send(first.id(), rustix::process::Signal::STOP);
-    let check = format!(
-        "echo $MOLTLOCK_FENCE >> {}; for p in {}; do if [ -e /proc/$p ] && \
-         ! grep -q '^State:.*[ZX]' /proc/$p/status; then echo running $p; fi; done > {}",
-        fences.display(),
-        pids.iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(" "),
-        result.display()
-    );
-    let second = moltlock(url)
-        .args([
-            "run",
-            "--key",
-            &k,
-            "--timeout",
-            "30s",
-            "--",
-            "sh",
-            "-c",
-            &check,
-        ])
-        .output()
-        .unwrap();
-    send(first.id(), rustix::process::Signal::CONT);
-    let first = first.wait().unwrap();
-    gone_within(&pids, Duration::from_secs(2));
-    assert!(second.status.success(), "{url}: {second:?}");
-    let overlap = std::fs::read_to_string(&result).unwrap();
-    assert!(
-        overlap.is_empty(),
-        "{url}: the next holder ran beside: {overlap}"
-    );
-    assert_eq!(first.code(), Some(125), "{url}");
-    let fences: Vec<u64> = std::fs::read_to_string(&fences)
-        .unwrap()
-        .lines()
-        .map(|l| l.trim().parse().unwrap())
-        .collect();
+    let fences = sigstop_never_overlaps(&|| moltlock(url), dir.path(), "3s");
     assert!(
         fences.len() == 2 && fences[1] > fences[0],
         "{url}: fences {fences:?}"
