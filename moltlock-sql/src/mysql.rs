@@ -23,6 +23,12 @@
 //! Waiters poll by the retry policy, sleeping no longer than the holder's
 //! time left. Renewal takes one `UPDATE` and one read per 500 holds.
 //!
+//! Exactness: owner tokens are compared byte for byte (`CAST(? AS BINARY)`),
+//! whatever the table's collation. The key column's `utf8mb4_bin` collation
+//! pads with spaces, so a key that ends with a space is refused with
+//! [`Error::InvalidKey`] rather than taken as the same lock as the key
+//! without it.
+//!
 //! ```sql
 //! CREATE TABLE IF NOT EXISTS `moltlock_locks` (
 //!     lock_key VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
@@ -45,13 +51,31 @@ use sqlx::mysql::{MySqlPool, MySqlRow};
 use sqlx::MySql;
 use sqlx::Row;
 
-use crate::convert::{self, mark_live, micros, pair_placeholders, pool_options, ttl_chunks};
+use crate::convert::{self, mark_live, micros, pool_options, ttl_chunks};
 use crate::error::map;
 use crate::SqlConfig;
 
 const NAME: &str = "mysql";
 const NOW: &str = "UTC_TIMESTAMP(6)";
 const MICROS: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
+/// An owner parameter compared byte for byte: the `owner` column has the
+/// table's default collation, which ignores case (and trailing spaces) on
+/// MariaDB and MySQL alike, so a plain `owner = ?` would let a look-alike
+/// token renew or release a hold.
+const EXACT: &str = "CAST(? AS BINARY)";
+
+/// Refuses keys the key column cannot tell apart from others: its
+/// `utf8mb4_bin` collation pads with spaces, so `"a"` and `"a "` would be
+/// one lock.
+fn check_key(key: &LockKey) -> Result<(), Error> {
+    if key.as_str().ends_with(' ') {
+        return Err(Error::invalid_key(
+            key.as_str(),
+            "MySQL/MariaDB compare keys ignoring trailing spaces; a key may not end with a space",
+        ));
+    }
+    Ok(())
+}
 
 /// Holds renewed per statement: 500 `(key, owner)` pairs, 1,000 parameters.
 const RENEW_CHUNK: usize = 500;
@@ -100,19 +124,19 @@ impl Statements {
             renew: format!(
                 "UPDATE {t} SET fence = LAST_INSERT_ID(fence), \
                  expires_at = {NOW} + INTERVAL ? MICROSECOND \
-                 WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
+                 WHERE lock_key = ? AND owner = {EXACT} AND expires_at > {NOW}"
             ),
             transfer: format!(
                 "UPDATE {t} SET fence = LAST_INSERT_ID(GREATEST(fence + 1, {MICROS}, {floor})), owner = ?, \
                  acquired_at = {NOW}, \
                  expires_at = {NOW} + INTERVAL ? MICROSECOND \
-                 WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
+                 WHERE lock_key = ? AND owner = {EXACT} AND expires_at > {NOW}"
             ),
             // A release expires the row instead of deleting it, so the key's
             // next fence still counts up from its last one.
             delete: format!(
                 "UPDATE {t} SET expires_at = {NOW} \
-                 WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
+                 WHERE lock_key = ? AND owner = {EXACT} AND expires_at > {NOW}"
             ),
             list: format!(
                 "SELECT lock_key, owner, fence, {left} FROM {t} \
@@ -276,7 +300,7 @@ impl MySqlBackend {
         idx: &[usize],
         out: &mut [bool],
     ) -> Result<(), sqlx::Error> {
-        let pairs = pair_placeholders(idx.len());
+        let pairs = vec![format!("(?, {EXACT})"); idx.len()].join(", ");
         let t = &self.sql.table;
         let update = format!(
             "UPDATE {t} SET expires_at = {NOW} + INTERVAL ? MICROSECOND \
@@ -331,6 +355,7 @@ impl Backend for MySqlBackend {
         new: &Token,
         ttl: Duration,
     ) -> Result<CasOutcome, Error> {
+        check_key(key)?;
         let out = match expected {
             None => self.acquire(key, new, ttl).await,
             Some(expected) => self.update(key, expected, new, ttl).await,
@@ -339,6 +364,7 @@ impl Backend for MySqlBackend {
     }
 
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        check_key(key)?;
         convert::delete_owned(&self.pool, &self.sql.delete, key, owner)
             .await
             .map_err(|e| map(NAME, e))
@@ -358,6 +384,7 @@ impl Backend for MySqlBackend {
     /// Records `floor` for the key; every later acquisition or transfer of
     /// it takes a fence above the highest floor recorded.
     async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+        check_key(key)?;
         sqlx::query(&self.sql.raise)
             .bind(key.as_str())
             .bind(floor.get())
@@ -379,6 +406,7 @@ impl Backend for MySqlBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        check_key(key)?;
         self.read(key).await.map_err(|e| map(NAME, e))
     }
 
@@ -389,9 +417,12 @@ impl Backend for MySqlBackend {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| map(NAME, e))?;
-        rows.iter()
+        let all: Vec<HolderInfo> = rows
+            .iter()
             .map(info)
             .collect::<Result<_, _>>()
-            .map_err(|e| map(NAME, e))
+            .map_err(|e| map(NAME, e))?;
+        // The padding collation also matches `"a"` for the prefix `"a "`.
+        Ok(all.into_iter().filter(|i| i.key.starts_with(prefix)).collect())
     }
 }
