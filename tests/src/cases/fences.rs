@@ -78,19 +78,24 @@ pub async fn raise_fence_is_a_max(f: Factory) -> CaseResult {
             .await
             .map_err(err)?;
     }
-    let g = m.lock(&k).await.map_err(err)?;
-    let current = g.fence();
-    b.raise_fence(g.key(), Fence(1)).await.map_err(err)?;
-    b.raise_fence(g.key(), Fence(current.get().saturating_sub(1)))
-        .await
-        .map_err(err)?;
-    g.release().await.map_err(err)?;
-    let g = m.lock(&k).await.map_err(err)?;
-    ensure!(
-        g.fence() > current,
-        "fence {} after {current}: raising to floors below the current fence lowered it",
-        g.fence()
-    );
+    // Each low floor on its own: a later higher floor must not hide it.
+    let mut g = m.lock(&k).await.map_err(err)?;
+    for low in ["1", "the current fence - 1", "the current fence"] {
+        let current = g.fence();
+        let floor = match low {
+            "1" => Fence(1),
+            "the current fence - 1" => Fence(current.get().saturating_sub(1)),
+            _ => current,
+        };
+        b.raise_fence(g.key(), floor).await.map_err(err)?;
+        g.release().await.map_err(err)?;
+        g = m.lock(&k).await.map_err(err)?;
+        ensure!(
+            g.fence() > current,
+            "fence {} after {current}: raising the floor to {low} ({floor}) lowered later fences",
+            g.fence()
+        );
+    }
     let high = Fence(g.fence().get().saturating_add(1_000));
     b.raise_fence(g.key(), high).await.map_err(err)?;
     b.raise_fence(g.key(), Fence(high.get() - 500))
