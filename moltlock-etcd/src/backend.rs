@@ -278,11 +278,14 @@ impl Shared {
             return Ok(CasOutcome::Held(Held::default()));
         }
         Ok(CasOutcome::Acquired {
-            fence: fence(kv.create_revision())?,
+            fence: fence(kv.mod_revision())?,
         })
     }
 
     /// Hands a hold from `old` to `new`: compare value == old, then put new.
+    /// The new holder's fence is the revision of that put (the key's mod
+    /// revision), above the old holder's: the key's create revision stays
+    /// the old holder's, so it cannot be the fence of a hand-over.
     async fn replace(
         &self,
         key: &LockKey,
@@ -307,7 +310,7 @@ impl Shared {
             Some(kv) if resp.succeeded() => {
                 self.record_write(k, new);
                 Ok(CasOutcome::Acquired {
-                    fence: fence(kv.create_revision().saturating_add(offset_in(&resp, 2)))?,
+                    fence: fence(kv.mod_revision().saturating_add(offset_in(&resp, 2)))?,
                 })
             }
             _ => Ok(CasOutcome::Held(held(&resp))),
@@ -519,7 +522,9 @@ impl Shared {
         Ok(HolderInfo {
             key,
             holder: Token::from_stored(String::from_utf8_lossy(kv.value())),
-            fence: u64::try_from(kv.create_revision()).ok().map(Fence),
+            // Only an acquisition or a hand-over writes the key, so its mod
+            // revision is the revision that gave it to its holder.
+            fence: u64::try_from(kv.mod_revision()).ok().map(Fence),
             expires_in,
         })
     }
@@ -602,7 +607,7 @@ impl Backend for EtcdBackend {
     /// One Txn. `expected == None`: create the key on the session lease
     /// (fence = its create revision). `Some(t)` with `new == t`: renewal
     /// (compare value, keep the lease alive). `Some(a)`, `new == b`: compare
-    /// value == a, then put b. Cancel safe in the core's sense: a dropped
+    /// value == a, then put b (fence = that put's revision). Cancel safe in the core's sense: a dropped
     /// call may still land; the manager's owner-checked delete removes it.
     async fn cas(
         &self,

@@ -423,6 +423,9 @@ impl Backend for MySqlBackend {
             .collect::<Result<_, _>>()
             .map_err(|e| map(NAME, e))?;
         // The padding collation also matches `"a"` for the prefix `"a "`.
-        Ok(all.into_iter().filter(|i| i.key.starts_with(prefix)).collect())
+        Ok(all
+            .into_iter()
+            .filter(|i| i.key.starts_with(prefix))
+            .collect())
     }
 }
