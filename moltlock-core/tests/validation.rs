@@ -3,6 +3,8 @@
 //! outcomes, so they are proved here once rather than in every backend's
 //! conformance run.
 
+#![allow(clippy::unwrap_used)] // helpers shared by the tests below unwrap like the tests do
+
 use std::collections::HashSet;
 use std::time::Duration;
 

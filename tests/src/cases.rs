@@ -371,6 +371,9 @@ pub async fn distinct_keys_do_not_conflict(f: Factory) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
+/// The last fence seen, how many hand-offs did not raise it, and the first.
+type FenceLog = (Option<Fence>, u64, Option<String>);
+
 async fn contend(
     managers: Vec<LockManager>,
     k: String,
@@ -378,7 +381,7 @@ async fn contend(
     rounds: usize,
 ) -> Result<Contention, String> {
     let detector = OverlapDetector::new();
-    let last: Arc<Mutex<(Option<Fence>, u64, Option<String>)>> = Arc::default();
+    let last: Arc<Mutex<FenceLog>> = Arc::default();
     let mut handles = Vec::new();
     for m in managers {
         for _ in 0..tasks_per_manager {
