@@ -99,8 +99,9 @@ pub enum Flaw {
     KeyTruncated,
     /// A refused `cas` names the caller as the holder.
     HeldEchoesCaller,
-    /// A request whose caller went away lands 4.8 s later (a client that
-    /// re-sends queued requests after the caller is gone).
+    /// A request whose caller went away lands 5.3 s later (a client that
+    /// re-sends queued requests after the caller is gone), past the few
+    /// seconds the manager keeps cleaning up after a cancelled acquisition.
     LateLandingAfterCancel,
 }
 
@@ -589,7 +590,7 @@ impl Backend for Flawed {
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(10)).await;
             if tx.is_closed() {
-                tokio::time::sleep(Duration::from_millis(4_800)).await;
+                tokio::time::sleep(Duration::from_millis(5_300)).await;
             }
             let out = me.cas_flawed(&key2, expected2.as_ref(), &new2, ttl).await;
             let _ = tx.send(out);

@@ -910,7 +910,7 @@ pub async fn cancelled_acquires_leave_no_orphan(f: Factory) -> CaseResult {
         becomes_free(&other, &k, Duration::from_secs(5)).await?,
         "a cancelled acquire left a hold that outlived its cleanup (TTL is {ttl:?})"
     );
-    tokio::time::sleep_until(last_cancel + Duration::from_millis(5_500)).await;
+    tokio::time::sleep_until(last_cancel + Duration::from_secs(6)).await;
     ensure!(
         is_free(&other, &k, Duration::from_secs(5)).await?,
         "a cancelled acquire landed after its cleanup and left a hold nobody owns (TTL {ttl:?})"
