@@ -902,7 +902,7 @@ pub async fn cancelled_acquires_leave_no_orphan(f: Factory) -> CaseResult {
     let last_cancel = Instant::now();
     ensure!(
         slow.landed_then_dropped() >= 2,
-        "the case cancelled only {} acquisitions after the store granted them; it proves nothing",
+        "{INCONCLUSIVE}: only {} acquisitions were cancelled after the store granted them",
         slow.landed_then_dropped()
     );
     let other = f.open().await?;
