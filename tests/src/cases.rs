@@ -572,23 +572,20 @@ pub async fn double_release_reports_not_held(f: Factory) -> CaseResult {
 /// A hold nobody renews is still held before its TTL and free after it.
 pub async fn key_expires_after_ttl(f: Factory) -> CaseResult {
     let holder = f.open().await?;
+    let other = f.open().await?;
     let ttl = short_ttl(&holder);
     let k = key("expiry");
     let t = timed_acquire(&holder, &k, ttl).await?;
-    let other = f.open().await?;
-    ensure!(
-        !is_free(&other, &k, ttl).await?,
-        "the key was free right after acquisition"
-    );
-    tokio::time::sleep_until(t.sent + ttl / 2).await;
-    if is_free(&other, &k, ttl).await? {
-        ensure!(
-            Instant::now() >= t.expiry,
-            "the key was free at half its TTL"
-        );
-        return Err(format!(
-            "{INCONCLUSIVE}: the half-TTL probe ran past the TTL"
-        ));
+    let probes = [
+        ("right after acquisition", t.replied),
+        ("at half its TTL", t.sent + ttl / 2),
+    ];
+    for (what, at) in probes {
+        tokio::time::sleep_until(at).await;
+        if is_free(&other, &k, ttl).await? {
+            ensure!(Instant::now() >= t.expiry, "the key was free {what}");
+            return Err(format!("{INCONCLUSIVE}: the probe {what} ran past the TTL"));
+        }
     }
     tokio::time::sleep_until(t.expiry).await;
     ensure!(
@@ -785,6 +782,7 @@ pub async fn lost_fires_before_store_expiry_when_cut_off(f: Factory) -> CaseResu
         .build()
         .map_err(err)?;
     let k = key("lost-cut");
+    let other = f.open().await?;
     let asked_at = Instant::now();
     let g = m.lock(&k).await.map_err(err)?;
     cut.cut();
@@ -793,8 +791,8 @@ pub async fn lost_fires_before_store_expiry_when_cut_off(f: Factory) -> CaseResu
     let promised = (asked_at + ttl).max(cut.earliest_expiry(ttl, asked_at));
     let reason = tokio::time::timeout(ttl * 2, g.lost()).await;
     let lost_at = Instant::now();
-    let other = f.open().await?;
     let still_held = !is_free(&other, &k, ttl).await?;
+    let probed_at = Instant::now();
     ensure!(reason.is_ok(), "lost() never fired while cut off");
     ensure!(
         lost_at < promised,
@@ -803,6 +801,13 @@ pub async fn lost_fires_before_store_expiry_when_cut_off(f: Factory) -> CaseResu
         lost_at - asked_at,
         promised - asked_at
     );
+    if !still_held && probed_at >= promised {
+        return Err(format!(
+            "{INCONCLUSIVE}: the probe after lost() was answered only {:?} after the acquire \
+             was sent (TTL {ttl:?})",
+            probed_at - asked_at
+        ));
+    }
     ensure!(
         still_held,
         "the store had already freed the key when lost() fired ({:?} after the acquire was \
