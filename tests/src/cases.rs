@@ -789,8 +789,23 @@ pub async fn lost_fires_before_store_expiry_when_cut_off(f: Factory) -> CaseResu
     // A store whose holds hang on a lease of whole seconds may promise more
     // than the TTL; `lost()` must come before what it promised.
     let promised = (asked_at + ttl).max(cut.earliest_expiry(ttl, asked_at));
+    // A timer of our own for the guard's deadline: if it too wakes well past
+    // it, the runtime stalled and a late lost() proves nothing.
+    let deadline = Instant::now() + g.valid_for().unwrap_or_default();
+    let own_timer = tokio::spawn(async move {
+        tokio::time::sleep_until(deadline).await;
+        Instant::now()
+    });
     let reason = tokio::time::timeout(ttl * 2, g.lost()).await;
     let lost_at = Instant::now();
+    let own_woke = own_timer.await.map_err(|e| e.to_string())?;
+    let margin = promised.saturating_duration_since(deadline);
+    if lost_at >= promised && own_woke >= deadline + margin / 2 {
+        return Err(format!(
+            "{INCONCLUSIVE}: a timer for the guard's deadline woke {:?} late",
+            own_woke - deadline
+        ));
+    }
     let still_held = !is_free(&other, &k, ttl).await?;
     let probed_at = Instant::now();
     ensure!(reason.is_ok(), "lost() never fired while cut off");
