@@ -59,6 +59,9 @@ pub struct HolderInfo {
     pub expires_in: Option<Duration>,
 }
 
+/// How long a dropped request may still land, unless a backend says otherwise.
+pub const DEFAULT_LATE_WRITE: Duration = Duration::from_secs(5);
+
 /// The optional features a backend offers. The manager and the conformance
 /// suite read these; a two-method backend returns the default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,6 +82,12 @@ pub struct Capabilities {
     /// [`Backend::raise_fence`] works: the store's next fence for a key can
     /// be pushed above a given floor (needed to migrate between stores).
     pub raise_fence: bool,
+    /// How long after its future was dropped a request may still take
+    /// effect in the store (a statement queued behind a lock, a request
+    /// re-sent by the client). A cancelled acquisition keeps deleting its
+    /// token's hold for at least this long, so a late write leaves no
+    /// orphan.
+    pub late_write: Duration,
 }
 
 impl Default for Capabilities {
@@ -98,7 +107,14 @@ impl Capabilities {
             min_ttl: crate::MIN_TTL,
             max_key_len: crate::MAX_KEY_LEN,
             raise_fence: false,
+            late_write: DEFAULT_LATE_WRITE,
         }
+    }
+
+    /// Declares how long a dropped request may still take effect.
+    pub const fn with_late_write(mut self, bound: Duration) -> Self {
+        self.late_write = bound;
+        self
     }
 
     /// Declares [`Backend::raise_fence`].
@@ -211,6 +227,15 @@ pub trait Backend: Send + Sync + 'static {
         sent_at: tokio::time::Instant,
     ) -> tokio::time::Instant {
         sent_at + ttl
+    }
+
+    /// The readings of the store's wall clock that this backend takes from
+    /// its replies, where holds expire by that clock. The manager shortens
+    /// the deadlines of every hold on the store by any forward step it
+    /// shows. `None` (the default): no readings, for stores whose expiry
+    /// uses no wall clock (etcd leases) or that do not report one.
+    fn store_clock(&self) -> Option<&crate::StoreClock> {
+        None
     }
 
     /// The current holder of `key`, if any.

@@ -8,52 +8,84 @@ use crate::{Backend, LockKey, Token};
 
 /// Pauses before each further delete of a cancelled acquisition: its request
 /// may still be in flight (on another connection, or in a blocking task) and
-/// land after the first delete.
-const CANCELLED_RETRIES: [Duration; 4] = [
+/// land after the first delete. The last pause repeats until the backend's
+/// [`late_write`](crate::Capabilities::late_write) bound has passed.
+const CANCELLED_PAUSES: [Duration; 4] = [
     Duration::from_millis(50),
     Duration::from_millis(200),
     Duration::from_secs(1),
     Duration::from_secs(3),
 ];
 
-/// Spawns an owner-checked delete bounded by `timeout`; with `in_flight`, it
-/// tries again at growing pauses until a delete succeeds or time runs out.
-/// Without a tokio runtime it does nothing: the hold then lives until its TTL.
+/// Spawns an owner-checked delete bounded by the manager's release timeout.
+/// With `late_write` (a cancelled acquisition whose request may still land),
+/// it deletes again at growing pauses until a delete succeeds or that bound
+/// has passed, and the time limit is the release timeout on top of the
+/// bound. Without a tokio runtime here, the release is queued for the
+/// manager's renewal driver, which runs it on its next round.
 pub(crate) fn spawn_release(
-    backend: Arc<dyn Backend>,
+    inner: &Arc<Inner>,
     key: LockKey,
     token: Token,
-    timeout: Duration,
-    in_flight: bool,
+    late_write: Option<Duration>,
 ) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        tracing::debug!(%key, "no runtime; the hold lives until its TTL");
+        tracing::debug!(%key, "no runtime; the release waits for the renewal driver");
+        inner.queue_release(Orphan {
+            key,
+            token,
+            late_write,
+        });
         return;
     };
-    let pauses: &'static [Duration] = if in_flight { &CANCELLED_RETRIES } else { &[] };
+    let backend = inner.backend.clone();
+    let limit = inner.cfg.release_timeout + late_write.unwrap_or_default();
     handle.spawn(async move {
-        let work = delete_until_gone(backend.as_ref(), &key, &token, pauses);
-        if tokio::time::timeout(timeout, work).await.is_err() {
+        let work = delete_until_gone(backend.as_ref(), &key, &token, late_write);
+        if tokio::time::timeout(limit, work).await.is_err() {
             tracing::debug!(%key, "best-effort release timed out");
         }
     });
+}
+
+/// A release that could not be spawned where it was asked for.
+pub(crate) struct Orphan {
+    key: LockKey,
+    token: Token,
+    late_write: Option<Duration>,
+}
+
+/// Spawns the releases queued where no runtime could run them.
+pub(crate) fn release_orphans(inner: &Arc<Inner>) {
+    for orphan in inner.take_orphans() {
+        spawn_release(inner, orphan.key, orphan.token, orphan.late_write);
+    }
 }
 
 async fn delete_until_gone(
     backend: &dyn Backend,
     key: &LockKey,
     token: &Token,
-    pauses: &[Duration],
+    late_write: Option<Duration>,
 ) {
-    let mut pauses = pauses.iter();
+    let started = tokio::time::Instant::now();
+    let mut pauses = CANCELLED_PAUSES.iter();
+    let mut pause = Duration::ZERO;
     loop {
         match backend.delete(key, token).await {
             Ok(true) => return,
             Ok(false) => {}
             Err(e) => tracing::debug!(%key, error = %e, "best-effort release failed"),
         }
-        let Some(pause) = pauses.next() else { return };
-        tokio::time::sleep(*pause).await;
+        let Some(bound) = late_write else { return };
+        let waited = started.elapsed();
+        if waited > bound {
+            return;
+        }
+        pause = pauses.next().copied().unwrap_or(pause);
+        // The last delete comes only after the bound has passed.
+        let pause = pause.min(bound - waited + Duration::from_millis(50));
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -86,11 +118,10 @@ impl Drop for PendingAcquire {
     fn drop(&mut self) {
         if self.armed {
             spawn_release(
-                self.inner.backend.clone(),
+                &self.inner,
                 self.key.clone(),
                 self.token.clone(),
-                self.inner.cfg.release_timeout,
-                true,
+                Some(self.inner.caps.late_write),
             );
         }
     }

@@ -150,11 +150,10 @@ impl Drop for LockGuard {
         }
         self.inner.finish(&self.hold, LostReason::Released);
         spawn_release(
-            self.inner.backend.clone(),
+            &self.inner,
             self.hold.key.clone(),
             self.hold.token.clone(),
-            self.inner.cfg.release_timeout,
-            false,
+            None,
         );
     }
 }

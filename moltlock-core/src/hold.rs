@@ -1,5 +1,6 @@
 //! The shared state of one held lock, read by its guard and the renewal driver.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -35,6 +36,8 @@ pub(crate) struct Hold {
     pub(crate) acquired_at: Instant,
     pub(crate) state: watch::Sender<HoldState>,
     next_renew: Mutex<Instant>,
+    /// A renewal batch carrying this hold is in flight.
+    renewing: AtomicBool,
 }
 
 impl Hold {
@@ -63,6 +66,7 @@ impl Hold {
             acquired_at: Instant::now(),
             state: watch::Sender::new(state),
             next_renew: Mutex::new(sent_at + interval),
+            renewing: AtomicBool::new(false),
         }
     }
 
@@ -76,6 +80,14 @@ impl Hold {
 
     pub(crate) fn valid_until(&self) -> Instant {
         self.state.borrow().valid_until
+    }
+
+    pub(crate) fn is_renewing(&self) -> bool {
+        self.renewing.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_renewing(&self, on: bool) {
+        self.renewing.store(on, Ordering::Release);
     }
 
     pub(crate) fn next_renew(&self) -> Instant {
@@ -104,6 +116,20 @@ impl Hold {
             true
         });
         self.set_next_renew(sent_at + self.interval);
+    }
+
+    /// The store's clock stepped forward by `step`: the hold is valid that
+    /// much less, and due for renewal now.
+    pub(crate) fn shorten(&self, step: Duration) {
+        let now = Instant::now();
+        self.state.send_if_modified(|s| {
+            if s.lost.is_some() {
+                return false;
+            }
+            s.valid_until = s.valid_until.checked_sub(step).unwrap_or(now);
+            true
+        });
+        self.set_next_renew(now);
     }
 
     /// Marks the hold lost unless it already is; returns whether this call did.

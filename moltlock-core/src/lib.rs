@@ -27,6 +27,7 @@
 
 mod backend;
 mod cleanup;
+mod clock;
 mod error;
 mod events;
 mod guard;
@@ -41,6 +42,7 @@ mod types;
 
 pub use async_trait::async_trait;
 pub use backend::{Backend, Capabilities, CasOutcome, Held, HolderInfo, ReleaseWatch, RenewItem};
+pub use clock::StoreClock;
 pub use error::{Error, LostReason};
 pub use events::KeyEvents;
 pub use guard::LockGuard;

@@ -10,7 +10,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::cleanup::PendingAcquire;
+use crate::cleanup::{Orphan, PendingAcquire};
+use crate::clock::StepListener;
 use crate::hold::{Grant, Hold};
 use crate::{
     check_ttl, metrics, Backend, Capabilities, CasOutcome, Error, Held, LockGuard, LockKey,
@@ -27,6 +28,10 @@ pub struct LostEvent {
     /// Why it was lost.
     pub reason: LostReason,
 }
+
+/// How many times in a row an acquire retries at once after the store
+/// answered with the caller's own hold, before it backs off as usual.
+const SELF_HELD_RETRIES: u32 = 3;
 
 type LostCallback = Arc<dyn Fn(&LostEvent) + Send + Sync>;
 
@@ -93,14 +98,7 @@ impl LockManagerBuilder {
         let caps = self.backend.capabilities();
         check_ttl(self.cfg.ttl, caps.min_ttl)?;
         Ok(LockManager {
-            inner: Arc::new(Inner {
-                backend: self.backend,
-                caps,
-                cfg: self.cfg,
-                registry: Mutex::new(Registry::default()),
-                wake: Arc::new(Notify::new()),
-                next_id: AtomicU64::new(1),
-            }),
+            inner: Inner::new(self.backend, self.cfg),
         })
     }
 }
@@ -161,9 +159,90 @@ pub(crate) struct Inner {
     pub(crate) registry: Mutex<Registry>,
     pub(crate) wake: Arc<Notify>,
     next_id: AtomicU64,
+    orphans: Mutex<Vec<Orphan>>,
+    /// Forward steps of the store's clock: when each was seen, and its size.
+    steps: Mutex<Vec<(Instant, Duration)>>,
+    /// Kept alive here; the store clock holds it weakly.
+    _on_step: Option<Arc<StepListener>>,
 }
 
+/// Steps remembered for confirmations still in flight.
+const STEPS_KEPT: usize = 64;
+
 impl Inner {
+    fn new(backend: Arc<dyn Backend>, cfg: Config) -> Arc<Self> {
+        Arc::new_cyclic(|me: &std::sync::Weak<Inner>| {
+            let on_step = backend.store_clock().map(|clock| {
+                let me = me.clone();
+                let listener: Arc<StepListener> = Arc::new(move |step: Duration| {
+                    if let Some(inner) = me.upgrade() {
+                        inner.store_clock_stepped(step);
+                    }
+                });
+                clock.subscribe(&listener);
+                listener
+            });
+            Inner {
+                caps: backend.capabilities(),
+                backend,
+                cfg,
+                registry: Mutex::new(Registry::default()),
+                wake: Arc::new(Notify::new()),
+                next_id: AtomicU64::new(1),
+                orphans: Mutex::default(),
+                steps: Mutex::default(),
+                _on_step: on_step,
+            }
+        })
+    }
+
+    /// The store's clock stepped forward by `step`: every hold expires that
+    /// much sooner in the store, so each loses that much validity now and
+    /// is renewed at once.
+    fn store_clock_stepped(&self, step: Duration) {
+        {
+            let mut steps = lock(&self.steps);
+            steps.push((Instant::now(), step));
+            let extra = steps.len().saturating_sub(STEPS_KEPT);
+            steps.drain(..extra);
+        }
+        let holds: Vec<Arc<Hold>> = self.registry().holds.values().cloned().collect();
+        for hold in holds {
+            hold.shorten(step);
+        }
+        self.wake.notify_one();
+    }
+
+    /// The store's expiry for a hold written by a request sent at
+    /// `sent_at`, less every clock step seen since the request was sent (a
+    /// reply may have been written before the step).
+    pub(crate) fn expiry(&self, ttl: Duration, sent_at: Instant) -> Instant {
+        let expiry = self.backend.earliest_expiry(ttl, sent_at);
+        let stepped: Duration = lock(&self.steps)
+            .iter()
+            .filter(|(seen, _)| *seen > sent_at)
+            .map(|(_, step)| *step)
+            .sum();
+        expiry.checked_sub(stepped).unwrap_or(sent_at)
+    }
+
+    /// Queues a release for the renewal driver (from a thread with no
+    /// runtime) and wakes it.
+    pub(crate) fn queue_release(&self, orphan: Orphan) {
+        match self.orphans.lock() {
+            Ok(mut q) => q.push(orphan),
+            Err(poisoned) => poisoned.into_inner().push(orphan),
+        }
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn take_orphans(&self) -> Vec<Orphan> {
+        match self.orphans.lock() {
+            Ok(mut q) => std::mem::take(&mut *q),
+            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
+        }
+    }
+
     pub(crate) fn registry(&self) -> MutexGuard<'_, Registry> {
         match self.registry.lock() {
             Ok(g) => g,
@@ -241,16 +320,8 @@ impl LockManager {
 
     /// A manager with default settings over a shared backend.
     pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
-        let inner = Inner {
-            caps: backend.capabilities(),
-            backend,
-            cfg: default_config(),
-            registry: Mutex::new(Registry::default()),
-            wake: Arc::new(Notify::new()),
-            next_id: AtomicU64::new(1),
-        };
         Self {
-            inner: Arc::new(inner),
+            inner: Inner::new(backend, default_config()),
         }
     }
 
@@ -366,9 +437,28 @@ impl LockManager {
             let sent_at = Instant::now();
             match backend.cas(key, None, &token, ttl).await {
                 Ok(CasOutcome::Acquired { fence }) => {
+                    // A clock step seen meanwhile may have cut the grant short.
+                    let Some(sent_at) = self.confirm_late_grant(key, &token, ttl, sent_at).await?
+                    else {
+                        pending.disarm();
+                        continue;
+                    };
                     pending.disarm();
                     tracing::debug!(%key, %fence, waited = ?started.elapsed(), "lock acquired");
                     return Ok(Some(self.guard(key, token, fence, ttl, sent_at)));
+                }
+                Ok(CasOutcome::Held(held)) if held.holder.as_ref() == Some(&token) => {
+                    // Our own request applied twice (a client that re-sent it
+                    // after a lost reply): the hold is ours, but its fence is
+                    // unknown. Give it back and try again at once.
+                    tracing::debug!(%key, "the store answered with our own hold; retrying");
+                    if backend.delete(key, &token).await.is_ok() {
+                        pending.disarm();
+                    }
+                    drop(pending);
+                    if attempt >= SELF_HELD_RETRIES {
+                        self.pause(&mut watch, &held, attempt).await;
+                    }
                 }
                 Ok(CasOutcome::Held(held)) => {
                     pending.disarm();
@@ -395,12 +485,48 @@ impl LockManager {
                 what: "fair queue",
             });
         }
-        let token = Token::random();
-        let mut pending = PendingAcquire::new(self.inner.clone(), key, &token);
-        let fence = self.inner.backend.fair_acquire(key, &token, ttl).await?;
-        let sent_at = Instant::now();
-        pending.disarm();
-        Ok(self.guard(key, token, fence, ttl, sent_at))
+        loop {
+            let token = Token::random();
+            let mut pending = PendingAcquire::new(self.inner.clone(), key, &token);
+            // The store may start the TTL at any point of the call, so the
+            // validity deadline counts from before it, as on every path.
+            let sent_at = Instant::now();
+            let fence = self.inner.backend.fair_acquire(key, &token, ttl).await?;
+            match self.confirm_late_grant(key, &token, ttl, sent_at).await {
+                Ok(Some(sent_at)) => {
+                    pending.disarm();
+                    return Ok(self.guard(key, token, fence, ttl, sent_at));
+                }
+                Ok(None) => {
+                    pending.disarm();
+                    tracing::debug!(%key, "fair grant expired before it was confirmed; queueing again");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A grant whose call took long (a long wait in the queue), or that a
+    /// step of the store's clock cut short, may have little validity left:
+    /// renew it at once. Returns the instant the
+    /// confirming request was sent, or `None` when the hold is gone.
+    async fn confirm_late_grant(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+        sent_at: Instant,
+    ) -> Result<Option<Instant>, Error> {
+        let expiry = self.inner.expiry(ttl, sent_at);
+        let left = expiry.saturating_duration_since(Instant::now());
+        if left.mul_f64(1.0 - self.inner.cfg.drift) > ttl / 3 {
+            return Ok(Some(sent_at));
+        }
+        let renew_at = Instant::now();
+        match self.inner.backend.cas(key, Some(token), token, ttl).await? {
+            CasOutcome::Acquired { .. } => Ok(Some(renew_at)),
+            CasOutcome::Held(_) => Ok(None),
+        }
     }
 
     async fn open_watch(&self, key: &LockKey) -> Option<Box<dyn ReleaseWatch>> {
@@ -444,7 +570,7 @@ impl LockManager {
         sent_at: Instant,
     ) -> LockGuard {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let expiry = self.inner.backend.earliest_expiry(ttl, sent_at);
+        let expiry = self.inner.expiry(ttl, sent_at);
         let grant = Grant {
             key: key.clone(),
             token,
@@ -464,5 +590,12 @@ fn default_config() -> Config {
         retry: RetryPolicy::default(),
         on_lost: None,
         release_timeout: Duration::from_secs(5),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
     }
 }

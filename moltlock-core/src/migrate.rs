@@ -32,7 +32,8 @@
 //! Rolling back is the same steps in reverse (`New` → `Both` → `Old`), each
 //! safe for the same reasons.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -73,6 +74,62 @@ pub struct MigratingBackend {
     old: Arc<dyn Backend>,
     new: Arc<dyn Backend>,
     phase: Phase,
+    busy: Arc<BusySide>,
+}
+
+/// Which store refused the last `Both` attempt on each key, so a waiter
+/// waits for a release on that store. A waiter facing a holder on the new
+/// store gives its old-store hold back, and that delete's own release event
+/// must not wake it (it would try again at once, in a loop).
+#[derive(Default)]
+struct BusySide {
+    on_new: Mutex<HashSet<LockKey>>,
+}
+
+impl BusySide {
+    fn set(&self, key: &LockKey, on_new: bool) {
+        let mut keys = match self.on_new.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if on_new {
+            keys.insert(key.clone());
+        } else {
+            keys.remove(key);
+        }
+    }
+
+    fn on_new(&self, key: &LockKey) -> bool {
+        match self.on_new.lock() {
+            Ok(g) => g.contains(key),
+            Err(poisoned) => poisoned.into_inner().contains(key),
+        }
+    }
+}
+
+/// A `Both`-phase waiter's watch: on the store that refused its last attempt.
+struct BothWatch {
+    key: LockKey,
+    busy: Arc<BusySide>,
+    old: Option<Box<dyn ReleaseWatch>>,
+    new: Option<Box<dyn ReleaseWatch>>,
+}
+
+#[async_trait]
+impl ReleaseWatch for BothWatch {
+    async fn released(&mut self, held: &Held) -> Result<(), Error> {
+        let watch = if self.busy.on_new(&self.key) {
+            self.new.as_mut()
+        } else {
+            self.old.as_mut()
+        };
+        match watch {
+            Some(w) => w.released(held).await,
+            // No notifications from that store: the manager's retry delay
+            // wakes the waiter.
+            None => std::future::pending().await,
+        }
+    }
 }
 
 impl std::fmt::Debug for MigratingBackend {
@@ -101,7 +158,12 @@ impl MigratingBackend {
                 )));
             }
         }
-        Ok(Self { old, new, phase })
+        Ok(Self {
+            old,
+            new,
+            phase,
+            busy: Arc::default(),
+        })
     }
 
     /// The phase this node is in.
@@ -136,16 +198,21 @@ impl MigratingBackend {
     ) -> Result<CasOutcome, Error> {
         let old_fence = match self.old.cas(key, None, token, ttl).await? {
             CasOutcome::Acquired { fence } => fence,
-            held => return Ok(held),
+            held => {
+                self.busy.set(key, false);
+                return Ok(held);
+            }
         };
         let second = self.new.cas(key, None, token, ttl).await;
         let new_fence = match second {
             Ok(CasOutcome::Acquired { fence }) => fence,
             other => {
+                self.busy.set(key, matches!(other, Ok(CasOutcome::Held(_))));
                 self.old.delete(key, token).await?;
                 return other;
             }
         };
+        self.busy.set(key, false);
         let fence = old_fence.max(new_fence);
         let lower = if old_fence < new_fence {
             &self.old
@@ -208,8 +275,9 @@ impl Backend for MigratingBackend {
         let mut caps = Capabilities::new()
             .with_min_ttl(a.min_ttl.max(b.min_ttl))
             .with_max_key_len(a.max_key_len.min(b.max_key_len))
+            .with_late_write(a.late_write.max(b.late_write))
             .with_raise_fence();
-        if a.notifies_release {
+        if a.notifies_release || b.notifies_release {
             caps = caps.with_notifications();
         }
         if a.inspect {
@@ -235,9 +303,28 @@ impl Backend for MigratingBackend {
         }
     }
 
-    /// Waits on the old store in `Both` (the lock every waiter takes first).
+    /// The single store's clock readings; none in `Both` (two clocks).
+    fn store_clock(&self) -> Option<&crate::StoreClock> {
+        self.single()?.store_clock()
+    }
+
+    /// In `Both`, waits on the store that refused the last attempt (the old
+    /// one, unless the new one was held).
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
-        self.single().unwrap_or(&self.old).watch(key).await
+        if let Some(store) = self.single() {
+            return store.watch(key).await;
+        }
+        let old = self.old.watch(key).await?;
+        let new = self.new.watch(key).await?;
+        if old.is_none() && new.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Box::new(BothWatch {
+            key: key.clone(),
+            busy: self.busy.clone(),
+            old,
+            new,
+        })))
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {

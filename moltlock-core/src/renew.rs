@@ -20,7 +20,7 @@ pub(crate) async fn drive(inner: Weak<Inner>, wake: Arc<Notify>) {
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        let Some(next) = round(&inner).await else {
+        let Some(next) = round(&inner) else {
             return;
         };
         drop(inner);
@@ -35,23 +35,44 @@ pub(crate) async fn drive(inner: Weak<Inner>, wake: Arc<Notify>) {
 /// batch every hold that would fall due within its next interval. Renewing
 /// early only moves an expiry later, and it keeps all holds on one schedule:
 /// however scattered their acquisitions, the manager sends one renewal
-/// request per interval. Returns when to look again, or `None` (having
-/// cleared the driver slot) when the manager holds nothing.
-async fn round(inner: &Arc<Inner>) -> Option<Instant> {
+/// request per interval.
+///
+/// A batch runs in a task of its own, so a request that hangs never holds up
+/// the driver: holds taken meanwhile get their own batches, and every
+/// deadline (and its `on_lost` callback) fires by the driver's timer. A hold
+/// is in at most one batch at a time. Returns when to look again, or `None`
+/// (having cleared the driver slot) when the manager holds nothing.
+fn round(inner: &Arc<Inner>) -> Option<Instant> {
+    crate::cleanup::release_orphans(inner);
     let holds = snapshot(inner)?;
     let now = Instant::now();
     for hold in holds.iter().filter(|h| h.valid_until() <= now) {
         inner.finish(hold, LostReason::Deadline);
     }
-    let live: Vec<Arc<Hold>> = holds.into_iter().filter(|h| !h.is_lost()).collect();
-    if live.iter().any(|h| h.next_renew() <= now) {
-        let due: Vec<Arc<Hold>> = live
+    let idle: Vec<Arc<Hold>> = holds
+        .into_iter()
+        .filter(|h| !h.is_lost() && !h.is_renewing())
+        .collect();
+    if idle.iter().any(|h| h.next_renew() <= now) {
+        let due: Vec<Arc<Hold>> = idle
             .into_iter()
             .filter(|h| h.next_renew() <= now + h.interval)
             .collect();
-        renew(inner, &due).await;
+        for hold in &due {
+            hold.set_renewing(true);
+        }
+        tokio::spawn(renew_batch(inner.clone(), due));
     }
     Some(next_wake(inner))
+}
+
+/// Renews one batch, then tells the driver to look again.
+async fn renew_batch(inner: Arc<Inner>, due: Vec<Arc<Hold>>) {
+    renew(&inner, &due).await;
+    for hold in &due {
+        hold.set_renewing(false);
+    }
+    inner.wake.notify_one();
 }
 
 fn snapshot(inner: &Arc<Inner>) -> Option<Vec<Arc<Hold>>> {
@@ -83,7 +104,7 @@ async fn renew(inner: &Arc<Inner>, due: &[Arc<Hold>]) {
             metrics::renewed(name, due.len());
             for (hold, still) in due.iter().zip(held) {
                 if still {
-                    hold.confirm(sent_at, inner.backend.earliest_expiry(hold.ttl, sent_at));
+                    hold.confirm(sent_at, inner.expiry(hold.ttl, sent_at));
                 } else {
                     inner.finish(hold, LostReason::Refused);
                 }
@@ -130,7 +151,11 @@ fn next_wake(inner: &Arc<Inner>) -> Instant {
     let next = reg
         .holds
         .values()
-        .map(|h| h.next_renew().min(h.valid_until()))
+        .filter(|h| !h.is_lost())
+        .map(|h| match h.is_renewing() {
+            true => h.valid_until(),
+            false => h.next_renew().min(h.valid_until()),
+        })
         .min()
         .unwrap_or(now + IDLE)
         .max(now + Duration::from_millis(1));

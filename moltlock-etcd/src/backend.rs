@@ -250,6 +250,18 @@ impl Shared {
                 Err(e) => return Err(map(e)),
                 Ok(resp) if resp.succeeded() => {
                     self.record_write(k, token);
+                    // `earliest_expiry` reports the session's current lease;
+                    // if the one this key went on was replaced meanwhile (a
+                    // slow request), that bound is not the key's. Give the
+                    // hold back and let the caller retry.
+                    if self.session.current(ttl).map(|l| l.id) != Some(lease.id) {
+                        self.release(key, token).await?;
+                        return Err(Error::store(
+                            NAME,
+                            "the session lease was replaced while the key was being taken",
+                            true,
+                        ));
+                    }
                     let offset = offset_in(&resp, 1);
                     return Ok(CasOutcome::Acquired {
                         fence: fence(header_revision(&resp)?.saturating_add(offset))?,
@@ -641,6 +653,11 @@ impl Backend for EtcdBackend {
             .with_fair_queue()
             .with_raise_fence()
             .with_min_ttl(self.shared.min_ttl)
+            // A request the client gave up on may still be applied: a lock
+            // key, or a fair-queue entry, that lands after the first
+            // cleanup delete is removed by a later one (a release deletes
+            // the caller's queue entry too).
+            .with_late_write(self.shared.timeout + Duration::from_secs(1))
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
@@ -709,7 +726,10 @@ impl Backend for EtcdBackend {
     /// still has its token. A lease that is gone makes every hold on it
     /// report not held.
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
-        self.shared.flush_pending().await;
+        // Deletes left over from an outage (up to 4,096, one request each)
+        // must not hold up the keep-alive: they run beside it.
+        let shared = self.shared.clone();
+        tokio::spawn(async move { shared.flush_pending().await });
         let session = &self.shared.session;
         let mut groups: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
         for (i, item) in items.iter().enumerate() {

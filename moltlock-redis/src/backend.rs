@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use moltlock_core::{
     async_trait, check_ttl, Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo,
-    LockKey, ReleaseWatch, RenewItem, Token,
+    LockKey, ReleaseWatch, RenewItem, StoreClock, Token,
 };
 use redis::{Client, RedisResult};
 use tokio::sync::OnceCell;
+use tokio::time::Instant;
 
 use crate::config::{Mode, RedisConfig};
 use crate::conn::{self, Conn};
@@ -31,7 +32,8 @@ const CAPABILITIES: Capabilities = Capabilities::new()
 
 /// A script's reply: `(1, fence, _)` when taken or renewed, `(0, holder, pttl)`
 /// when someone else holds the key.
-type CasReply = (i64, Option<String>, i64);
+/// Status, fence or holder, PTTL, and the server's clock in µs.
+type CasReply = (i64, Option<String>, i64, i64);
 
 /// Locks on Redis (one server or a Cluster).
 ///
@@ -48,6 +50,10 @@ struct Inner {
     cfg: RedisConfig,
     clients: Vec<Client>,
     notifier: OnceCell<Notifier>,
+    /// The server's clock, as replies report it (single-server mode only:
+    /// the nodes of a Cluster each have a clock of their own, and a reply
+    /// does not say which node sent it).
+    clock: StoreClock,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -77,6 +83,7 @@ impl RedisBackend {
             cfg,
             clients,
             notifier: OnceCell::new(),
+            clock: StoreClock::new(),
         };
         Ok(Self {
             inner: Arc::new(inner),
@@ -170,8 +177,18 @@ impl RedisBackend {
             pipe
         };
         let mut conn = self.inner.conn.clone();
+        let sent_at = Instant::now();
         let replies: Vec<CasReply> = self.timed(scripts::run_pipeline(&mut conn, build)).await?;
-        Ok(replies.into_iter().map(|(ok, _, _)| ok == 1).collect())
+        if let Some(&(_, _, _, clock)) = replies.first() {
+            self.saw_clock(sent_at, clock);
+        }
+        Ok(replies.into_iter().map(|(ok, _, _, _)| ok == 1).collect())
+    }
+
+    /// Feeds a reply's server clock (µs since the epoch) to the store clock.
+    fn saw_clock(&self, sent_at: Instant, clock_us: i64) {
+        let us = u64::try_from(clock_us).unwrap_or(0);
+        self.inner.clock.observe(sent_at, Duration::from_micros(us));
     }
 
     /// Renews concurrently, one script per hold (cluster: holds live on
@@ -232,15 +249,15 @@ fn expires_in(pttl: i64) -> Option<Duration> {
 
 fn outcome(reply: CasReply) -> Result<CasOutcome, Error> {
     match reply {
-        (1, fence, _) => Ok(CasOutcome::Acquired {
+        (1, fence, _, _) => Ok(CasOutcome::Acquired {
             fence: parse_fence(fence)?,
         }),
-        (0, holder, pttl) => Ok(CasOutcome::Held(Held {
+        (0, holder, pttl, _) => Ok(CasOutcome::Held(Held {
             holder: holder.map(Token::from_stored),
             expires_in: expires_in(pttl),
             revision: None,
         })),
-        (other, _, _) => Err(bad_reply(format!("status {other}"))),
+        (other, _, _, _) => Err(bad_reply(format!("status {other}"))),
     }
 }
 
@@ -266,10 +283,9 @@ impl Backend for RedisBackend {
         let (lock, fence, ttl) = (layout.lock(key), layout.fence(key), millis(ttl));
         let keys = [lock.as_str(), fence.as_str()];
         let keep = self.keep();
+        let sent_at = Instant::now();
         let reply: CasReply = match expected {
             None => {
-                let quarantine = layout.quarantine(key);
-                let keys = [lock.as_str(), fence.as_str(), quarantine.as_str()];
                 let args = [new.as_str(), &ttl, &keep, &self.quarantine()];
                 self.script(&ACQUIRE, &keys, &args).await?
             }
@@ -278,6 +294,7 @@ impl Backend for RedisBackend {
                 self.script(&SWAP, &keys, &args).await?
             }
         };
+        self.saw_clock(sent_at, reply.3);
         outcome(reply)
     }
 
@@ -295,6 +312,10 @@ impl Backend for RedisBackend {
 
     fn name(&self) -> &'static str {
         NAME
+    }
+
+    fn store_clock(&self) -> Option<&StoreClock> {
+        (self.inner.cfg.mode() == Mode::Single).then_some(&self.inner.clock)
     }
 
     fn capabilities(&self) -> Capabilities {

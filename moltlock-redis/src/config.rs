@@ -12,6 +12,8 @@ pub const DEFAULT_PREFIX: &str = "moltlock:";
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The per-command timeout used when none is configured.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long after a server start no free key is granted, unless configured.
+pub const DEFAULT_RESTART_QUARANTINE: Duration = Duration::from_secs(30);
 
 /// A password (or key) that never shows in `Debug` output or logs.
 #[derive(Clone, PartialEq, Eq)]
@@ -133,7 +135,7 @@ impl RedisConfig {
         self.fence_retention
     }
 
-    /// The restart quarantine (`None`: off); see
+    /// The restart quarantine (`None`: off; on by default); see
     /// [`RedisConfigBuilder::restart_quarantine`].
     pub fn restart_quarantine(&self) -> Option<Duration> {
         self.restart_quarantine
@@ -162,7 +164,7 @@ impl Default for RedisConfigBuilder {
                 command_timeout: DEFAULT_COMMAND_TIMEOUT,
                 tls_files: TlsFiles::default(),
                 fence_retention: None,
-                restart_quarantine: None,
+                restart_quarantine: Some(DEFAULT_RESTART_QUARANTINE),
             },
             explicit_nodes: false,
         }
@@ -252,29 +254,24 @@ impl RedisConfigBuilder {
         self
     }
 
-    /// Turns on the restart quarantine: a key the server has no history for
-    /// (its fence key is missing) is not granted until `quarantine` has
-    /// passed since the first attempt to take it. Set it to at least the
-    /// longest TTL any client uses on these keys — your TTL.
+    /// The restart quarantine (default 30 s; `Duration::ZERO` turns it
+    /// off): for `quarantine` after a Redis server starts, it grants no
+    /// free key. Set it to at least the longest TTL any client uses on these
+    /// keys — your TTL.
     ///
-    /// Why: Redis without persistence loses every key on a restart, and
-    /// a lost lock key looks free. Without the quarantine a client can take
+    /// Why: Redis without persistence loses every key on a restart, and a
+    /// lost lock key looks free. Without the quarantine a client can take
     /// the key at once while the old holder still believes it holds it,
-    /// until its next renewal is refused (up to a third of the TTL later);
-    /// fences stay monotonic, so a fenced resource refuses the old holder's
-    /// late writes, but two processes believe they hold the lock at once.
-    /// With the quarantine no one is granted the key for `quarantine` after
-    /// the loss, while the old holder's renewals are refused and its
-    /// `lost()` fires, so the two beliefs never overlap.
+    /// until its next renewal is refused (up to a third of the TTL later).
+    /// With it, no one is granted a key until the old holder's deadline has
+    /// passed, while its renewals are refused and its `lost()` fires.
     ///
-    /// Off by default because it costs a wait wherever the server has no
-    /// history: the first acquisition of every key — including the very
-    /// first use of a key on a fresh server, and any key whose fence key
-    /// expired under [`fence_retention`](Self::fence_retention) — waits the
-    /// quarantine. A quarantine set by any client is honoured by every
-    /// client, whatever its own setting.
+    /// The cost: once per server start (per node on a Cluster) acquisitions
+    /// wait until the server has been up for `quarantine`, including on a
+    /// fresh server. Turn it off for a durable Redis (`appendonly yes`,
+    /// `appendfsync always`), whose restarts keep holds.
     pub fn restart_quarantine(mut self, quarantine: Duration) -> Self {
-        self.cfg.restart_quarantine = Some(quarantine);
+        self.cfg.restart_quarantine = (!quarantine.is_zero()).then_some(quarantine);
         self
     }
 
@@ -371,7 +368,8 @@ impl RedisConfigBuilder {
             || under_1ms(cfg.restart_quarantine)
         {
             return Err(bad(
-                "timeouts, fence retention and restart quarantine must be at least 1 ms",
+                "timeouts and fence retention must be at least 1 ms; a restart quarantine \
+                 at least 1 ms, or 0 for none",
             ));
         }
         if cfg.database < 0 || (cfg.mode == Mode::Cluster && cfg.database != 0) {
@@ -436,11 +434,13 @@ mod tests {
     }
 
     #[test]
-    fn restart_quarantine_is_off_unless_asked() -> Result<(), Error> {
+    fn restart_quarantine_is_on_unless_turned_off() -> Result<(), Error> {
         assert_eq!(
             RedisConfig::from_url("redis://127.0.0.1")?.restart_quarantine(),
-            None
+            Some(DEFAULT_RESTART_QUARANTINE)
         );
+        let off = RedisConfig::from_url("redis://127.0.0.1/?restart_quarantine_ms=0")?;
+        assert_eq!(off.restart_quarantine(), None);
         let cfg = RedisConfig::from_url("redis://127.0.0.1/?restart_quarantine_ms=30000")?;
         assert_eq!(cfg.restart_quarantine(), Some(Duration::from_secs(30)));
         let built = RedisConfig::builder()
@@ -468,7 +468,6 @@ mod tests {
             "redis://127.0.0.1/?nope=1",
             "redis://127.0.0.1/?key_prefix=a{b",
             "redis+cluster://127.0.0.1/2",
-            "redis://127.0.0.1/?restart_quarantine_ms=0",
             "redis://127.0.0.1/?restart_quarantine_ms=2s",
         ] {
             assert!(

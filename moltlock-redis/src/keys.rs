@@ -2,9 +2,8 @@
 //!
 //! A lock key `k` is stored at `<prefix>{<esc(k)>}` (value: the holder's
 //! token, with a PX expiry), its fence at `<prefix>{<esc(k)>}:fence` (no
-//! expiry unless a fence retention is set), its restart quarantine marker
-//! (only with the quarantine on) at `<prefix>{<esc(k)>}:q`, and its release
-//! channel is named like the lock key. `esc`
+//! expiry unless a fence retention is set), and its release channel is
+//! named like the lock key. `esc`
 //! replaces `%` with `%25` and `}` with `%7D`, so the braces always enclose a
 //! non-empty hash tag: both keys of one lock hash to the same Cluster slot.
 
@@ -31,11 +30,6 @@ impl Layout {
     /// The key holding the last fence handed out.
     pub(crate) fn fence(&self, key: &LockKey) -> String {
         format!("{}:fence", self.lock(key))
-    }
-
-    /// The key marking a restart quarantine (same hash tag as the lock).
-    pub(crate) fn quarantine(&self, key: &LockKey) -> String {
-        format!("{}:q", self.lock(key))
     }
 
     /// The pub/sub channel a release is announced on (channel names are a
@@ -124,8 +118,6 @@ mod tests {
             let stored = l.lock(&key);
             assert_eq!(l.caller_key(&stored).as_deref(), Some(k), "{stored}");
             assert_eq!(l.caller_key(&l.fence(&key)), None);
-            assert_eq!(l.caller_key(&l.quarantine(&key)), None);
-            assert!(l.quarantine(&key).starts_with(&stored));
             let tag = &stored["moltlock:{".len()..stored.len() - 1];
             assert!(!tag.is_empty() && !tag.contains('}'));
         }

@@ -64,39 +64,32 @@
 //! key) so the counter survives; with a fence retention they expire that
 //! long after their last hold, and fences then rest on the clock rule above.
 //!
-//! # Mutual exclusion across a restart: the restart quarantine
+//! # Mutual exclusion across a restart: the restart quarantine (on by default)
 //!
 //! When Redis restarts *without persistence* (or the keys are flushed), a
-//! held lock key is gone and looks free. By default a client may take it at
-//! once while the old holder still believes it holds it (`is_held()` is
-//! true) until its next renewal is refused — up to a third of the TTL later;
-//! fences stay monotonic (above), so a fenced resource refuses the old
-//! holder's late writes, but for that window two processes believe they
-//! hold the lock.
+//! held lock key is gone and looks free, while its old holder still
+//! believes it holds it (`is_held()` is true) until its next renewal is
+//! refused — up to a third of the TTL later. Fences stay monotonic (above),
+//! but for that window two processes would believe they hold the lock.
 //!
-//! [`RedisConfigBuilder::restart_quarantine`] (URL:
-//! `restart_quarantine_ms`) closes the window. With it on, the acquire
-//! script treats a free key whose fence key is missing — the server has no
-//! history for it — as possibly lost: it advances the fence, sets
-//! `<prefix>{k}:q` with that expiry, and reports the key held for that long.
-//! No one is granted the key during the quarantine, while the old holder's
-//! renewals are refused (a renewal never recreates a vanished key) and its
-//! `lost()` fires within a third of the TTL. **Set it to at least the
-//! longest TTL any client uses** (your TTL): then even a holder cut off from
-//! the server has passed its own deadline before anyone else is granted the
-//! key. The quarantine marker is not a hold: `inspect` and `list` do not
-//! show it.
+//! So by default the acquire script grants no free key while the server has
+//! been up for less than the restart quarantine (30 s,
+//! [`DEFAULT_RESTART_QUARANTINE`](crate::DEFAULT_RESTART_QUARANTINE)): it
+//! reads `uptime_in_seconds` from `INFO server` and reports the key held
+//! (no holder) for the rest of the quarantine. The old holders' renewals are
+//! refused meanwhile (a renewal never recreates a vanished key) and their
+//! `lost()` fires. **Set it to at least the longest TTL any client uses**
+//! ([`RedisConfigBuilder::restart_quarantine`], URL `restart_quarantine_ms`):
+//! then even a holder cut off from the server has passed its own deadline
+//! before anyone else is granted a key.
 //!
-//! It is off by default because it costs a wait wherever the server has no
-//! history: the first acquisition of every key — including the very first
-//! use of a key on a fresh server, and any key whose fence key expired under
-//! a fence retention — waits the quarantine. It detects lost data by the
-//! missing fence key only: a restart that restores an older snapshot still
-//! holding the fence key (RDB), an eviction policy that removes lock keys
-//! but not fence keys (use `noeviction`), or a [`raise_fence`] that creates
-//! the fence key before anyone acquires are not detected. Durable Redis
-//! (`appendonly yes`, `appendfsync always`) keeps holds across a restart
-//! instead.
+//! The cost: one wait per server start (per node on a Cluster), including
+//! the first start of a fresh server; keys already held are renewed as
+//! usual. `restart_quarantine_ms=0` turns it off, for a durable Redis
+//! (`appendonly yes`, `appendfsync always`), whose restarts keep holds.
+//! Not covered: a `FLUSHALL` or an eviction of lock keys without a restart
+//! (use `noeviction`), and a failover to a replica that missed the latest
+//! writes (asynchronous replication; see Limits).
 //!
 //! [`raise_fence`]: moltlock_core::Backend::raise_fence
 //!

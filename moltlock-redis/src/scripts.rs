@@ -14,6 +14,12 @@ use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisResult};
 /// leaves its text in the local `text`. The fence key is kept forever when
 /// the local `keep` is 0, else for `max(keep, ttl)` ms. Lua numbers are
 /// doubles: exact up to 2^53 µs (year 2255).
+/// The server's `TIME` in µs, in the local `clock`, for the reply.
+const CLOCK: &str = r"
+local now_t = redis.call('TIME')
+local clock = tonumber(now_t[1]) * 1000000 + tonumber(now_t[2])
+";
+
 const ADVANCE_FENCE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -27,44 +33,41 @@ else
 end
 ";
 
-/// `KEYS`: lock, fence, quarantine. `ARGV`: token, ttl ms, fence retention
-/// ms (0: forever), restart quarantine ms (0: off). Takes a free key (SET NX
-/// PX in effect) and advances the fence; or reports the holder and its PTTL.
+/// `KEYS`: lock, fence. `ARGV`: token, ttl ms, fence retention ms (0:
+/// forever), restart quarantine ms (0: off). Takes a free key (SET NX PX in
+/// effect) and advances the fence; or reports the holder and its PTTL.
 ///
-/// A live quarantine key is honoured whatever this client's setting: the key
-/// is reported held (no holder) for the quarantine's PTTL. With the
-/// quarantine on, a free key whose fence key is missing — the server has no
-/// history for it: a fresh key, or data lost to a restart without
-/// persistence, a flush or an expired fence retention — is not granted:
-/// the fence is advanced (so fences stay monotonic), the quarantine key is
-/// set for the quarantine, and the key is reported held for that long. The
-/// fence key then outlives the quarantine, so the grant after it finds the
-/// history and goes through.
+/// The restart quarantine: while the server has been up for less than the
+/// quarantine, a free key is not granted and is reported held (no holder)
+/// until the quarantine has passed. A restart without persistence loses
+/// every hold, and the old holders may still believe they hold; after the
+/// quarantine (at least their TTL) their deadlines have passed. It costs
+/// one wait per server start, not one per key. `uptime_in_seconds` is the
+/// difference of two whole-second clock readings, so it may run up to a
+/// second ahead of the true uptime: one second is taken off, and the wait
+/// errs on the long side.
 ///
-/// Reply: `{1, fence, 0}` or `{0, holder or false, pttl}`.
+/// Reply: `{1, fence, 0, clock}` or `{0, holder or false, pttl, clock}`,
+/// `clock` the server's `TIME` in µs (the clock that judges `PX` expiry).
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r"
 local ttl, keep, q = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+{CLOCK}
 local cur = redis.call('GET', KEYS[1])
 if cur then
-  return {{0, cur, redis.call('PTTL', KEYS[1])}}
+  return {{0, cur, redis.call('PTTL', KEYS[1]), clock}}
 end
-local left = redis.call('PTTL', KEYS[3])
-if left ~= -2 then
-  return {{0, false, left}}
-end
-if q > 0 and not redis.call('GET', KEYS[2]) then
-  {ADVANCE_FENCE}
-  redis.call('SET', KEYS[3], '1', 'PX', q)
-  if keep > 0 then
-    redis.call('PEXPIRE', KEYS[2], math.max(keep, ttl) + q)
+if q > 0 then
+  local info = redis.call('INFO', 'server')
+  local up = ((tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0) - 1) * 1000
+  if up < q then
+    return {{0, false, q - up, clock}}
   end
-  return {{0, false, q}}
 end
 {ADVANCE_FENCE}
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
-return {{1, text, 0}}
+return {{1, text, 0, clock}}
 "
     ))
 });
@@ -84,20 +87,21 @@ pub(crate) static SWAP: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r"
 local ttl, keep = tonumber(ARGV[3]), tonumber(ARGV[4])
+{CLOCK}
 local cur = redis.call('GET', KEYS[1])
 if cur ~= ARGV[1] then
-  return {{0, cur, redis.call('PTTL', KEYS[1])}}
+  return {{0, cur, redis.call('PTTL', KEYS[1]), clock}}
 end
 if ARGV[2] == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ttl)
   if keep > 0 then
     redis.call('PEXPIRE', KEYS[2], math.max(keep, ttl))
   end
-  return {{1, redis.call('GET', KEYS[2]) or '0', 0}}
+  return {{1, redis.call('GET', KEYS[2]) or '0', 0, clock}}
 end
 {ADVANCE_FENCE}
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
-return {{1, text, 0}}
+return {{1, text, 0, clock}}
 "
     ))
 });

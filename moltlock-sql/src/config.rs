@@ -20,6 +20,25 @@ pub struct SqlConfig {
     pub(crate) max_connections: u32,
     pub(crate) acquire_timeout: Duration,
     pub(crate) auto_migrate: bool,
+    pub(crate) expiry: Result<Expiry, String>,
+}
+
+/// How holds expire.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Expiry {
+    /// By the database clock (the default): a hold is free once its
+    /// `expires_at` has passed by the server's clock. One round trip frees
+    /// an expired key, but a forward step of that clock can free a hold
+    /// early (see the crate docs).
+    #[default]
+    StoreClock,
+    /// With no wall clock: a waiter takes over a hold only after it saw the
+    /// hold's record unchanged for the holder's whole TTL on its own
+    /// monotonic clock (URL parameter `expiry=observed`). Immune to clock
+    /// steps; a waiter behind a dead holder waits up to twice the TTL.
+    /// Holds live in a table of their own, `<table>_observed`, so the two
+    /// modes never judge one row differently.
+    Observed,
 }
 
 impl fmt::Debug for SqlConfig {
@@ -32,6 +51,7 @@ impl fmt::Debug for SqlConfig {
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout", &self.acquire_timeout)
             .field("auto_migrate", &self.auto_migrate)
+            .field("expiry", &self.expiry)
             .finish()
     }
 }
@@ -40,9 +60,14 @@ impl SqlConfig {
     /// Settings for `url` with the defaults: table `moltlock_locks`, the
     /// connection's default schema, a logged table, 10 pooled connections,
     /// 5 s to get one, and the schema created on connect.
+    ///
+    /// A URL parameter `expiry=observed` (or `expiry=store`) chooses the
+    /// [`Expiry`] mode; it is taken out of the URL the driver sees.
     pub fn new(url: impl Into<String>) -> Self {
+        let (url, expiry) = take_expiry(url.into());
         Self {
-            url: url.into(),
+            url,
+            expiry,
             table: DEFAULT_TABLE.to_owned(),
             schema: None,
             unlogged: false,
@@ -97,6 +122,17 @@ impl SqlConfig {
         self
     }
 
+    /// How holds expire (default: by the database clock).
+    pub fn expiry(mut self, expiry: Expiry) -> Self {
+        self.expiry = Ok(expiry);
+        self
+    }
+
+    /// The expiry mode after validation.
+    pub(crate) fn checked_expiry(&self) -> Result<Expiry, Error> {
+        self.expiry.clone().map_err(Error::Config)
+    }
+
     /// The table name after validation.
     pub(crate) fn checked_table(&self) -> Result<&str, Error> {
         check_ident(&self.table, "table")?;
@@ -111,6 +147,36 @@ impl SqlConfig {
             None => Ok(None),
         }
     }
+}
+
+/// Splits an `expiry=` query parameter off `url`.
+fn take_expiry(url: String) -> (String, Result<Expiry, String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url, Ok(Expiry::default()));
+    };
+    let mut expiry = Ok(Expiry::default());
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.strip_prefix("expiry=") {
+            Some("observed") => {
+                expiry = Ok(Expiry::Observed);
+                false
+            }
+            Some("store") => false,
+            Some(other) => {
+                expiry = Err(format!(
+                    "unknown expiry mode {other:?}: use expiry=store or expiry=observed"
+                ));
+                false
+            }
+            None => true,
+        })
+        .collect();
+    let url = match rest.is_empty() {
+        true => base.to_owned(),
+        false => format!("{base}?{}", rest.join("&")),
+    };
+    (url, expiry)
 }
 
 /// Accepts `[A-Za-z_][A-Za-z0-9_]{0,47}`: safe to splice into SQL quoted, and
@@ -171,6 +237,22 @@ mod tests {
                 "{bad:?} was accepted"
             );
         }
+    }
+
+    #[test]
+    fn expiry_mode_comes_from_the_url() {
+        let cfg = SqlConfig::new("postgres://h/db?sslmode=disable&expiry=observed");
+        assert_eq!(cfg.url, "postgres://h/db?sslmode=disable");
+        assert_eq!(cfg.checked_expiry().ok(), Some(Expiry::Observed));
+        let cfg = SqlConfig::new("sqlite://x.db?expiry=store");
+        assert_eq!(cfg.url, "sqlite://x.db");
+        assert_eq!(cfg.checked_expiry().ok(), Some(Expiry::StoreClock));
+        let bad = SqlConfig::new("sqlite://x.db?expiry=sometimes");
+        assert!(matches!(bad.checked_expiry(), Err(Error::Config(_))));
+        assert_eq!(
+            SqlConfig::new("sqlite://x.db").checked_expiry().ok(),
+            Some(Expiry::StoreClock)
+        );
     }
 
     #[test]

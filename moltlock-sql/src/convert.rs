@@ -8,6 +8,24 @@ use sqlx::{ColumnIndex, Database, Decode, Row, Type};
 
 use crate::SqlConfig;
 
+/// How long an expired or released row is kept before it is swept (the
+/// Postgres and MySQL backends; SQLite deletes released rows at once).
+pub const RETENTION: Duration = Duration::from_secs(3600);
+
+/// Counts releases: one in 1,024 is due to sweep expired rows.
+#[derive(Default)]
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) struct SweepCounter(std::sync::atomic::AtomicU64);
+
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+impl SweepCounter {
+    /// Counts one release; true when a sweep is due.
+    pub(crate) fn release_is_due(&self) -> bool {
+        let n = self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        n.is_multiple_of(1024)
+    }
+}
+
 /// A TTL in whole milliseconds, saturating.
 #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 pub(crate) fn millis(ttl: Duration) -> i64 {

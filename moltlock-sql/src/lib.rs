@@ -13,12 +13,15 @@ mod convert;
 mod error;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod observe;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
-pub use config::{check_ident, redact, SqlConfig, DEFAULT_TABLE};
+pub use config::{check_ident, redact, Expiry, SqlConfig, DEFAULT_TABLE};
+pub use convert::RETENTION;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlBackend;
 #[cfg(feature = "postgres")]

@@ -15,9 +15,13 @@
 //! Fences: MySQL has no sequences, so the fence of a hold is
 //! `max(previous fence of the key + 1, server time in microseconds, floor + 1)`.
 //! A release expires the key's row rather than deleting it, so the previous
-//! fence is always there: fences of a key strictly increase whatever the
-//! server's clock does, and each key ever locked keeps one (expired) row.
-//! The clock term only matters for a key whose row was removed by hand.
+//! fence is there for the next acquisition: fences of a key strictly
+//! increase whatever the server's clock does while its row lives. A row
+//! expired for longer than [`RETENTION`] (1 h) is swept (on connect and
+//! after every 1,024th release); the next fence of that key rests on the
+//! clock term, which exceeds the swept fence unless the server clock
+//! stepped back by more than the retention. Storage: one row (about 200
+//! bytes plus the key) per key locked within the retention.
 //! [`Backend::raise_fence`] records a per-key floor in a second table (used
 //! only while migrating between stores); later fences of that key exceed it.
 //! Waiters poll by the retry policy, sleeping no longer than the holder's
@@ -51,9 +55,9 @@ use sqlx::mysql::{MySqlPool, MySqlRow};
 use sqlx::MySql;
 use sqlx::Row;
 
-use crate::convert::{self, mark_live, micros, pool_options, ttl_chunks};
+use crate::convert::{self, mark_live, micros, pool_options, ttl_chunks, SweepCounter, RETENTION};
 use crate::error::map;
-use crate::SqlConfig;
+use crate::{Expiry, SqlConfig};
 
 const NAME: &str = "mysql";
 const NOW: &str = "UTC_TIMESTAMP(6)";
@@ -89,12 +93,18 @@ struct Statements {
     delete: String,
     list: String,
     raise: String,
+    sweep: String,
     ddl: Vec<String>,
 }
 
 impl Statements {
     fn new(cfg: &SqlConfig) -> Result<Self, Error> {
         let name = cfg.checked_table()?;
+        if cfg.checked_expiry()? != Expiry::StoreClock {
+            return Err(Error::Config(
+                "the MySQL backend judges expiry by the server clock only (expiry=store)".into(),
+            ));
+        }
         let t = format!("`{name}`");
         let floors = format!("`{name}_floor`");
         // The least fence `raise_fence` allows next for the key (0 if none).
@@ -138,6 +148,7 @@ impl Statements {
                 "UPDATE {t} SET expires_at = {NOW} \
                  WHERE lock_key = ? AND owner = {EXACT} AND expires_at > {NOW}"
             ),
+            sweep: format!("DELETE FROM {t} WHERE expires_at < {NOW} - INTERVAL ? MICROSECOND"),
             list: format!(
                 "SELECT lock_key, owner, fence, {left} FROM {t} \
                  WHERE LEFT(lock_key, CHAR_LENGTH(?)) = ? AND expires_at > {NOW} ORDER BY lock_key"
@@ -166,6 +177,7 @@ impl Statements {
 pub struct MySqlBackend {
     pool: MySqlPool,
     sql: Arc<Statements>,
+    releases: Arc<SweepCounter>,
 }
 
 impl std::fmt::Debug for MySqlBackend {
@@ -211,11 +223,29 @@ impl MySqlBackend {
         let backend = Self {
             pool,
             sql: Arc::new(sql),
+            releases: Arc::default(),
         };
         if cfg.auto_migrate {
             backend.migrate().await?;
         }
+        backend.sweep().await?;
         Ok(backend)
+    }
+
+    /// Deletes rows expired for longer than [`RETENTION`]; returns how
+    /// many. Fences stay monotonic: a fence is at least the server clock in
+    /// µs, so the next one exceeds a swept row's unless the server clock
+    /// stepped back by more than the retention.
+    ///
+    /// # Errors
+    /// Store errors.
+    pub async fn sweep(&self) -> Result<u64, Error> {
+        let done = sqlx::query(&self.sql.sweep)
+            .bind(micros(RETENTION))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(done.rows_affected())
     }
 
     /// Creates the tables if missing. Idempotent.
@@ -365,9 +395,18 @@ impl Backend for MySqlBackend {
 
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
         check_key(key)?;
-        convert::delete_owned(&self.pool, &self.sql.delete, key, owner)
+        let done = convert::delete_owned(&self.pool, &self.sql.delete, key, owner)
             .await
-            .map_err(|e| map(NAME, e))
+            .map_err(|e| map(NAME, e))?;
+        if done && self.releases.release_is_due() {
+            let this = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = this.sweep().await {
+                    tracing::debug!(error = %e, "sweeping expired rows failed");
+                }
+            });
+        }
+        Ok(done)
     }
 
     fn name(&self) -> &'static str {

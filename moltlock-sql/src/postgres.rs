@@ -13,8 +13,6 @@
 //!
 //! ```sql
 //! CREATE SEQUENCE IF NOT EXISTS "moltlock_locks_fence";
-//! -- per-key fence offsets, raised only while migrating between stores
-//! CREATE TABLE IF NOT EXISTS "moltlock_locks_offset" (key text PRIMARY KEY, off bigint NOT NULL);
 //! CREATE TABLE IF NOT EXISTS "moltlock_locks" (
 //!     key         text        PRIMARY KEY,
 //!     owner       text        NOT NULL,
@@ -28,11 +26,19 @@
 //!
 //! - Expiry compares `expires_at` with the server's `now()`; client clocks
 //!   never enter into it.
-//! - Fences come from the sequence (plus a per-key offset that only
-//!   [`Backend::raise_fence`] sets, when migrating from another store): durable and strictly increasing across
+//! - Fences: a fresh acquisition's fence is `max(the key's last fence + 1,
+//!   nextval of the sequence)`. A release expires the row instead of
+//!   deleting it, so the key's last fence is always there to exceed, even
+//!   for a statement that drew its `nextval` before waiting on another
+//!   acquisition's row lock. Fences of a key strictly increase across
 //!   releases, expiry, client restarts and server restarts (after a crash a
-//!   sequence may skip values, never repeat them). Released rows are deleted;
-//!   the fence history lives in the sequence.
+//!   sequence may skip values, never repeat them).
+//! - Retention: a row expired for longer than [`RETENTION`] is deleted (on
+//!   connect, and after every 1,024th release of a backend). That cannot take
+//!   fences back: the sequence is past every fence ever stored
+//!   ([`Backend::raise_fence`] moves it too), so the next `nextval` exceeds
+//!   the deleted row's fence. Storage is one row (about 120 bytes plus the
+//!   key) per key locked within the retention window.
 //! - Waiters `LISTEN` on one channel per table over one connection per
 //!   backend, opened before their first attempt; a release sends `NOTIFY` in
 //!   the same statement. When that connection drops, every waiter is woken to
@@ -51,19 +57,24 @@ use std::time::Duration;
 use async_trait::async_trait;
 use moltlock_core::{
     Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, KeyEvents, LockKey,
-    ReleaseWatch, RenewItem, Token,
+    ReleaseWatch, RenewItem, StoreClock, Token,
 };
 use sqlx::postgres::{PgListener, PgPool};
 use sqlx::Postgres;
 use sqlx::Row;
 use tokio::sync::OnceCell;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
-use crate::convert::{fence, holder_info, left_ms, millis, pool_options};
+use crate::convert::{fence, holder_info, left_ms, millis, pool_options, SweepCounter, RETENTION};
 use crate::error::map;
-use crate::SqlConfig;
+use crate::observe::Observed;
+use crate::{Expiry, SqlConfig};
 
 const NAME: &str = "postgres";
+
+/// The server clock in microseconds since the epoch, as replies report it.
+const NOW_US: &str = "(extract(epoch FROM now()) * 1000000)::bigint";
 
 /// The SQL of one table, built once from validated names.
 struct Statements {
@@ -73,9 +84,12 @@ struct Statements {
     delete: String,
     renew_many: String,
     raise: String,
+    sweep: String,
     inspect: String,
     list: String,
     ddl: Vec<String>,
+    /// The observed-expiry mode's statements.
+    observed: bool,
 }
 
 impl Statements {
@@ -86,59 +100,80 @@ impl Statements {
             Some(s) => format!("\"{s}\".\"{name}\""),
             None => format!("\"{name}\""),
         };
-        let t = q(table);
         let seq = q(&format!("{table}_fence"));
-        let offsets = q(&format!("{table}_offset"));
-        let next =
-            format!("nextval('{seq}') + COALESCE((SELECT off FROM {offsets} WHERE key = $1), 0)");
-        let ms = "$3::bigint * interval '1 millisecond'";
-        let left = "(extract(epoch FROM expires_at - now()) * 1000)::bigint";
         let mut ddl = Vec::new();
         if let Some(s) = schema {
             ddl.push(format!("CREATE SCHEMA IF NOT EXISTS \"{s}\""));
         }
         ddl.push(format!("CREATE SEQUENCE IF NOT EXISTS {seq}"));
+        let logged = if cfg.unlogged { "UNLOGGED " } else { "" };
+        match cfg.checked_expiry()? {
+            Expiry::StoreClock => Ok(Self::store_clock(&q(table), &seq, logged, ddl)),
+            Expiry::Observed => Ok(Self::observed(
+                &q(&format!("{table}_observed")),
+                &seq,
+                logged,
+                ddl,
+            )),
+        }
+    }
+
+    fn store_clock(t: &str, seq: &str, logged: &str, mut ddl: Vec<String>) -> Self {
+        let ms = "$3::bigint * interval '1 millisecond'";
+        let left = "(extract(epoch FROM expires_at - now()) * 1000)::bigint";
         ddl.push(format!(
-            "CREATE TABLE IF NOT EXISTS {offsets} (key text PRIMARY KEY, off bigint NOT NULL)"
+            "CREATE {logged}TABLE IF NOT EXISTS {t} (\n    key text PRIMARY KEY,\n    owner text NOT NULL,\n    \
+             fence bigint NOT NULL,\n    expires_at timestamptz NOT NULL,\n    acquired_at timestamptz NOT NULL\n)"
         ));
-        ddl.push(format!(
-            "CREATE {}TABLE IF NOT EXISTS {t} (\n    key text PRIMARY KEY,\n    owner text NOT NULL,\n    \
-             fence bigint NOT NULL,\n    expires_at timestamptz NOT NULL,\n    acquired_at timestamptz NOT NULL\n)",
-            if cfg.unlogged { "UNLOGGED " } else { "" }
-        ));
-        Ok(Self {
+        Self {
+            // The new fence is drawn in the VALUES row before the conflict is
+            // resolved, so a statement that waited on a row lock may carry an
+            // older draw than the hold it replaces: `GREATEST` with the row's
+            // own last fence keeps fences of the key rising.
             acquire: format!(
                 "WITH ins AS (INSERT INTO {t} AS l (key, owner, fence, expires_at, acquired_at) \
-                 VALUES ($1, $2, {next}, now() + {ms}, now()) \
-                 ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, fence = EXCLUDED.fence, \
+                 VALUES ($1, $2, nextval('{seq}'), now() + {ms}, now()) \
+                 ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, \
+                 fence = GREATEST(l.fence + 1, EXCLUDED.fence), \
                  expires_at = EXCLUDED.expires_at, acquired_at = EXCLUDED.acquired_at \
                  WHERE l.expires_at <= now() RETURNING fence) \
-                 SELECT fence, NULL::text AS owner, NULL::bigint AS left_ms FROM ins \
-                 UNION ALL SELECT NULL, owner, {left} FROM {t} \
+                 SELECT fence, NULL::text AS owner, NULL::bigint AS left_ms, {NOW_US} AS now_us \
+                 FROM ins UNION ALL SELECT NULL, owner, GREATEST({left}, 0), {NOW_US} FROM {t} \
                  WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
             ),
             renew: format!(
                 "UPDATE {t} SET expires_at = now() + {ms} \
-                 WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence"
+                 WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence, {NOW_US}"
             ),
             transfer: format!(
-                "UPDATE {t} SET owner = $4, fence = {next}, acquired_at = now(), \
-                 expires_at = now() + {ms} \
-                 WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence"
+                "UPDATE {t} SET owner = $4, fence = GREATEST(fence + 1, nextval('{seq}')), \
+                 acquired_at = now(), expires_at = now() + {ms} \
+                 WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence, {NOW_US}"
             ),
+            // A release expires the row instead of deleting it, so the key's
+            // last fence stays there for the next acquisition to exceed.
             delete: format!(
-                "WITH d AS (DELETE FROM {t} WHERE key = $1 AND owner = $2 AND expires_at > now() \
+                "WITH d AS (UPDATE {t} SET expires_at = now() \
+                 WHERE key = $1 AND owner = $2 AND expires_at > now() \
                  RETURNING key) SELECT count(pg_notify($3, key)) FROM d"
             ),
             renew_many: format!(
                 "UPDATE {t} AS l SET expires_at = now() + x.ms * interval '1 millisecond' \
                  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS x(key, owner, ms) \
                  WHERE l.key = x.key AND l.owner = x.owner AND l.expires_at > now() \
-                 RETURNING l.key, l.owner"
+                 RETURNING l.key, l.owner, {NOW_US}"
             ),
+            // A max on the key's row (an expired placeholder when the key has
+            // none), and the sequence moved past the floor so that a row
+            // swept later cannot take the key's fences below it.
             raise: format!(
-                "INSERT INTO {offsets} AS o (key, off) SELECT $1, $2 - last_value FROM {seq} \
-                 ON CONFLICT (key) DO UPDATE SET off = GREATEST(o.off, EXCLUDED.off)"
+                "WITH s AS (SELECT setval('{seq}', GREATEST(last_value, $2)) FROM {seq}) \
+                 INSERT INTO {t} AS l (key, owner, fence, expires_at, acquired_at) \
+                 SELECT $1, '', $2, now(), now() FROM s \
+                 ON CONFLICT (key) DO UPDATE SET fence = GREATEST(l.fence, EXCLUDED.fence)"
+            ),
+            sweep: format!(
+                "DELETE FROM {t} WHERE expires_at < now() - $1::bigint * interval '1 millisecond'"
             ),
             inspect: format!(
                 "SELECT key, owner, fence, {left} FROM {t} WHERE key = $1 AND expires_at > now()"
@@ -148,7 +183,69 @@ impl Statements {
                  WHERE left(key, length($1)) = $1 AND expires_at > now() ORDER BY key"
             ),
             ddl,
-        })
+            observed: false,
+        }
+    }
+
+    /// The statements of the observed-expiry mode (see `crate::observe`):
+    /// no clock decides; a renewal bumps `version`, a release clears the
+    /// owner, and an acquisition takes a released key or one whose
+    /// `(owner, version)` is `($4, $5)`.
+    fn observed(t: &str, seq: &str, logged: &str, mut ddl: Vec<String>) -> Self {
+        ddl.push(format!(
+            "CREATE {logged}TABLE IF NOT EXISTS {t} (\n    key text PRIMARY KEY,\n    owner text NOT NULL,\n    \
+             fence bigint NOT NULL,\n    version bigint NOT NULL,\n    ttl_ms bigint NOT NULL,\n    \
+             acquired_at timestamptz NOT NULL\n)"
+        ));
+        Self {
+            acquire: format!(
+                "WITH ins AS (INSERT INTO {t} AS l (key, owner, fence, version, ttl_ms, acquired_at) \
+                 VALUES ($1, $2, nextval('{seq}'), 1, $3, now()) \
+                 ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, \
+                 fence = GREATEST(l.fence + 1, EXCLUDED.fence), version = l.version + 1, \
+                 ttl_ms = EXCLUDED.ttl_ms, acquired_at = EXCLUDED.acquired_at \
+                 WHERE l.owner = '' OR (l.owner = $4 AND l.version = $5) RETURNING fence) \
+                 SELECT fence, NULL::text AS owner, NULL::bigint AS version, NULL::bigint AS ttl_ms \
+                 FROM ins UNION ALL SELECT NULL, owner, version, ttl_ms FROM {t} \
+                 WHERE key = $1 AND owner <> '' AND NOT EXISTS (SELECT 1 FROM ins)"
+            ),
+            renew: format!(
+                "UPDATE {t} SET version = version + 1, ttl_ms = $3 \
+                 WHERE key = $1 AND owner = $2 RETURNING fence, {NOW_US}"
+            ),
+            transfer: format!(
+                "UPDATE {t} SET owner = $4, fence = GREATEST(fence + 1, nextval('{seq}')), \
+                 version = version + 1, ttl_ms = $3, acquired_at = now() \
+                 WHERE key = $1 AND owner = $2 RETURNING fence, {NOW_US}"
+            ),
+            delete: format!(
+                "WITH d AS (UPDATE {t} SET owner = '', version = version + 1 \
+                 WHERE key = $1 AND owner = $2 AND owner <> '' RETURNING key) \
+                 SELECT count(pg_notify($3, key)) FROM d"
+            ),
+            renew_many: format!(
+                "UPDATE {t} AS l SET version = l.version + 1, ttl_ms = x.ms \
+                 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS x(key, owner, ms) \
+                 WHERE l.key = x.key AND l.owner = x.owner RETURNING l.key, l.owner, {NOW_US}"
+            ),
+            raise: format!(
+                "WITH s AS (SELECT setval('{seq}', GREATEST(last_value, $2)) FROM {seq}) \
+                 INSERT INTO {t} AS l (key, owner, fence, version, ttl_ms, acquired_at) \
+                 SELECT $1, '', $2, 1, 0, now() FROM s \
+                 ON CONFLICT (key) DO UPDATE SET fence = GREATEST(l.fence, EXCLUDED.fence)"
+            ),
+            // No clock decides here, so nothing is swept by age.
+            sweep: "SELECT $1::bigint WHERE false".to_owned(),
+            inspect: format!(
+                "SELECT key, owner, fence, NULL::bigint FROM {t} WHERE key = $1 AND owner <> ''"
+            ),
+            list: format!(
+                "SELECT key, owner, fence, NULL::bigint FROM {t} \
+                 WHERE left(key, length($1)) = $1 AND owner <> '' ORDER BY key"
+            ),
+            ddl,
+            observed: true,
+        }
     }
 }
 
@@ -158,6 +255,11 @@ struct Inner {
     channel: String,
     events: Arc<KeyEvents>,
     listener: OnceCell<JoinHandle<()>>,
+    releases: SweepCounter,
+    /// What this client saw of held keys, in the observed-expiry mode.
+    observed: Option<Observed>,
+    /// The server clock, as replies report it (store-clock mode).
+    clock: StoreClock,
 }
 
 impl Drop for Inner {
@@ -206,15 +308,19 @@ impl PostgresBackend {
         let backend = Self {
             inner: Arc::new(Inner {
                 pool,
-                sql,
                 channel: format!("moltlock_{}", cfg.table),
                 events: Arc::new(KeyEvents::new()),
                 listener: OnceCell::new(),
+                releases: SweepCounter::default(),
+                observed: sql.observed.then(Observed::default),
+                clock: StoreClock::new(),
+                sql,
             }),
         };
         if cfg.auto_migrate {
             backend.migrate().await?;
         }
+        backend.sweep().await?;
         Ok(backend)
     }
 
@@ -246,36 +352,79 @@ impl PostgresBackend {
         tx.commit().await.map_err(|e| map(NAME, e))
     }
 
+    /// Deletes rows expired for longer than [`RETENTION`]; returns how many.
+    ///
+    /// # Errors
+    /// Store errors.
+    pub async fn sweep(&self) -> Result<u64, Error> {
+        let done = sqlx::query(&self.inner.sql.sweep)
+            .bind(millis(RETENTION))
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(done.rows_affected())
+    }
+
+    /// Sweeps in the background after every 1,024th release.
+    fn count_release(&self) {
+        if !self.inner.releases.release_is_due() {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = this.sweep().await {
+                tracing::debug!(error = %e, "sweeping expired rows failed");
+            }
+        });
+    }
+
     /// The pool, for tests and tools.
     pub fn pool(&self) -> &PgPool {
         &self.inner.pool
     }
 
     async fn start_listener(&self) -> Result<JoinHandle<()>, Error> {
-        let mut listener = PgListener::connect_with(&self.inner.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        listener
-            .listen(&self.inner.channel)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        Ok(tokio::spawn(listen(listener, self.inner.events.clone())))
+        let (pool, channel) = (&self.inner.pool, &self.inner.channel);
+        let listener = subscribe(pool, channel).await.map_err(|e| map(NAME, e))?;
+        let task = listen(
+            listener,
+            pool.clone(),
+            channel.clone(),
+            self.inner.events.clone(),
+        );
+        Ok(tokio::spawn(task))
     }
 }
 
-/// Dispatches notifications to waiters; wakes everyone after a reconnect.
-async fn listen(mut listener: PgListener, events: Arc<KeyEvents>) {
+/// A connection that listens on `channel`.
+async fn subscribe(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(channel).await?;
+    Ok(listener)
+}
+
+/// Dispatches notifications to waiters. When the connection drops, it opens
+/// a new one itself and wakes every waiter twice: at once, and again once
+/// the new connection listens — a release sent while nobody listened was
+/// missed, and the woken waiters look for themselves.
+async fn listen(mut listener: PgListener, pool: PgPool, channel: String, events: Arc<KeyEvents>) {
     loop {
         match listener.try_recv().await {
             Ok(Some(n)) => events.fire(n.payload()),
-            Ok(None) => {
+            Ok(None) | Err(_) => {
                 tracing::debug!("listen connection lost; reconnecting");
                 events.fire_all();
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "listen connection failed; retrying");
+                listener = loop {
+                    match subscribe(&pool, &channel).await {
+                        Ok(l) => break l,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "listen connection failed; retrying");
+                            events.fire_all();
+                            tokio::time::sleep(Duration::from_millis(250)).await;
+                        }
+                    }
+                };
                 events.fire_all();
-                tokio::time::sleep(Duration::from_millis(250)).await;
             }
         }
     }
@@ -288,6 +437,10 @@ impl PostgresBackend {
         new: &Token,
         ttl: Duration,
     ) -> Result<CasOutcome, sqlx::Error> {
+        if let Some(observed) = &self.inner.observed {
+            return self.acquire_observed(observed, key, new, ttl).await;
+        }
+        let sent_at = Instant::now();
         let row = sqlx::query(&self.inner.sql.acquire)
             .bind(key.as_str())
             .bind(new.as_str())
@@ -297,12 +450,50 @@ impl PostgresBackend {
         let Some(row) = row else {
             return Ok(CasOutcome::Held(Held::default()));
         };
+        self.saw_clock(sent_at, row.try_get(3)?);
         if let Some(f) = row.try_get::<Option<i64>, _>(0)? {
             return Ok(CasOutcome::Acquired { fence: fence(f) });
         }
         Ok(CasOutcome::Held(Held {
             holder: row.try_get::<Option<String>, _>(1)?.map(Token::from_stored),
             expires_in: left_ms(row.try_get(2)?),
+            revision: None,
+        }))
+    }
+
+    /// An acquisition in the observed-expiry mode: takes a released key, or
+    /// one whose holder this process saw unchanged for that holder's TTL.
+    async fn acquire_observed(
+        &self,
+        observed: &Observed,
+        key: &LockKey,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, sqlx::Error> {
+        let (holder, version) = observed.ready(key.as_str()).unzip();
+        let row = sqlx::query(&self.inner.sql.acquire)
+            .bind(key.as_str())
+            .bind(new.as_str())
+            .bind(millis(ttl))
+            .bind(holder)
+            .bind(version)
+            .fetch_optional(&self.inner.pool)
+            .await?;
+        let Some(row) = row else {
+            observed.forget(key.as_str());
+            return Ok(CasOutcome::Held(Held::default()));
+        };
+        if let Some(f) = row.try_get::<Option<i64>, _>(0)? {
+            observed.forget(key.as_str());
+            return Ok(CasOutcome::Acquired { fence: fence(f) });
+        }
+        let owner: String = row.try_get::<Option<String>, _>(1)?.unwrap_or_default();
+        let version: i64 = row.try_get::<Option<i64>, _>(2)?.unwrap_or_default();
+        let held_ttl = left_ms(row.try_get(3)?).unwrap_or(ttl);
+        let left = observed.saw(key.as_str(), owner.clone(), version, held_ttl);
+        Ok(CasOutcome::Held(Held {
+            holder: Some(Token::from_stored(owner)),
+            expires_in: Some(left),
             revision: None,
         }))
     }
@@ -327,13 +518,25 @@ impl PostgresBackend {
         if transfer {
             query = query.bind(new.as_str());
         }
+        let sent_at = Instant::now();
         let row = query.fetch_optional(&self.inner.pool).await?;
         Ok(match row {
-            Some(row) => CasOutcome::Acquired {
-                fence: fence(row.try_get(0)?),
-            },
+            Some(row) => {
+                self.saw_clock(sent_at, row.try_get(1)?);
+                CasOutcome::Acquired {
+                    fence: fence(row.try_get(0)?),
+                }
+            }
             None => CasOutcome::Held(Held::default()),
         })
+    }
+
+    /// Feeds a reply's server clock (µs since the epoch) to the store clock.
+    fn saw_clock(&self, sent_at: Instant, now_us: i64) {
+        if self.inner.observed.is_none() {
+            let us = u64::try_from(now_us).unwrap_or(0);
+            self.inner.clock.observe(sent_at, Duration::from_micros(us));
+        }
     }
 }
 
@@ -361,6 +564,9 @@ impl Backend for PostgresBackend {
             .fetch_one(&self.inner.pool)
             .await
             .map_err(|e| map(NAME, e))?;
+        if n > 0 {
+            self.count_release();
+        }
         Ok(n > 0)
     }
 
@@ -377,6 +583,10 @@ impl Backend for PostgresBackend {
             .with_min_ttl(Duration::from_millis(10))
     }
 
+    fn store_clock(&self) -> Option<&StoreClock> {
+        self.inner.observed.is_none().then_some(&self.inner.clock)
+    }
+
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
         self.inner
             .listener
@@ -385,8 +595,8 @@ impl Backend for PostgresBackend {
         Ok(Some(self.inner.events.subscribe(key.as_str())))
     }
 
-    /// Lifts the key's offset so that `nextval + offset` exceeds `floor`: the
-    /// sequence only grows, so every later fence of the key does too.
+    /// Raises the key's last fence (and the sequence) to at least `floor`;
+    /// never lowers either, so every later fence of the key exceeds both.
     async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
         let floor = i64::try_from(floor.get())
             .map_err(|_| Error::Config(format!("fence floor {floor} exceeds bigint")))?;
@@ -426,6 +636,7 @@ impl Backend for PostgresBackend {
         let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
         let owners: Vec<&str> = items.iter().map(|i| i.token.as_str()).collect();
         let ttls: Vec<i64> = items.iter().map(|i| millis(i.ttl)).collect();
+        let sent_at = Instant::now();
         let rows = sqlx::query(&self.inner.sql.renew_many)
             .bind(&keys)
             .bind(&owners)
@@ -438,6 +649,9 @@ impl Backend for PostgresBackend {
             let key: String = row.try_get(0).map_err(|e| map(NAME, e))?;
             let owner: String = row.try_get(1).map_err(|e| map(NAME, e))?;
             renewed.insert((key, owner));
+        }
+        if let Some(row) = rows.first() {
+            self.saw_clock(sent_at, row.try_get(2).map_err(|e| map(NAME, e))?);
         }
         Ok(items
             .iter()

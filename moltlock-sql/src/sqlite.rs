@@ -7,8 +7,10 @@
 //! transaction. WAL journaling and a busy timeout. Expiry is judged by SQLite's own
 //! clock (`julianday('now')`), which every process on the machine shares.
 //! Fences come from a one-row counter table that a trigger advances in the
-//! same statement as the acquisition; released rows are deleted and the
-//! counter keeps the history. Waiters poll by the retry policy (SQLite has no
+//! same statement as the acquisition, and are at least the clock in µs, so
+//! they stay above fences whose commits an OS crash lost (`synchronous` is
+//! `NORMAL`: a process crash loses nothing, a power cut may lose the last
+//! commits); released rows are deleted and the counter keeps the history. Waiters poll by the retry policy (SQLite has no
 //! cross-process notifications), sleeping no longer than the holder's time
 //! left.
 //!
@@ -23,20 +25,23 @@
 use std::collections::HashSet;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use moltlock_core::{
-    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, RenewItem, Token,
+    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, RenewItem,
+    StoreClock, Token,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqliteSynchronous};
 use sqlx::{Row, Sqlite};
+use tokio::time::Instant;
 
 use crate::convert::{
     self, holder_info, left_ms, mark_live, millis, pair_placeholders, pool_options, ttl_chunks,
 };
 use crate::error::map;
-use crate::SqlConfig;
+use crate::observe::Observed;
+use crate::{Expiry, SqlConfig};
 
 const NAME: &str = "sqlite";
 /// Holds renewed per statement: 8,000 `(key, owner)` pairs, 16,001
@@ -58,17 +63,59 @@ struct Statements {
     inspect: String,
     list: String,
     ddl: Vec<String>,
+    /// The observed-expiry mode's statements.
+    observed: bool,
+}
+
+/// The next fence: one above the counter, and at least the clock in µs (ms
+/// × 1,000). The journal runs with `synchronous=NORMAL`, so an OS crash or
+/// power cut can lose the last commits, counter included; fences drawn
+/// after the restart still exceed the lost ones, unless the machine's clock
+/// stepped back past them.
+fn next_fence(seq: &str) -> String {
+    format!("(SELECT max(value + 1, {NOW} * 1000) FROM {seq} WHERE id = 1)")
 }
 
 impl Statements {
     fn new(cfg: &SqlConfig) -> Result<Self, Error> {
         let name = cfg.checked_table()?;
-        let t = format!("\"{name}\"");
         let seq = format!("\"{name}_fence\"");
-        let next = format!("(SELECT value + 1 FROM {seq} WHERE id = 1)");
+        Ok(match cfg.checked_expiry()? {
+            Expiry::StoreClock => Self::store_clock(name, &seq),
+            Expiry::Observed => Self::observed(&format!("{name}_observed"), &seq),
+        })
+    }
+
+    /// The counter table and the triggers that advance it from `name`'s fences.
+    fn counter_ddl(name: &str, seq: &str) -> Vec<String> {
+        let t = format!("\"{name}\"");
         let bump =
             format!("UPDATE {seq} SET value = NEW.fence WHERE id = 1 AND value < NEW.fence;");
-        Ok(Self {
+        vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {seq} (id INTEGER PRIMARY KEY CHECK (id = 1), \
+                 value INTEGER NOT NULL)"
+            ),
+            format!("INSERT OR IGNORE INTO {seq} (id, value) VALUES (1, 0)"),
+            format!(
+                "CREATE TRIGGER IF NOT EXISTS \"{name}_fence_ins\" AFTER INSERT ON {t} BEGIN {bump} END"
+            ),
+            format!(
+                "CREATE TRIGGER IF NOT EXISTS \"{name}_fence_upd\" AFTER UPDATE OF fence ON {t} \
+                 BEGIN {bump} END"
+            ),
+        ]
+    }
+
+    fn store_clock(name: &str, seq: &str) -> Self {
+        let t = format!("\"{name}\"");
+        let next = next_fence(seq);
+        let mut ddl = vec![format!(
+            "CREATE TABLE IF NOT EXISTS {t} (key TEXT PRIMARY KEY, owner TEXT NOT NULL, \
+             fence INTEGER NOT NULL, expires_at INTEGER NOT NULL, acquired_at INTEGER NOT NULL)"
+        )];
+        ddl.extend(Self::counter_ddl(name, seq));
+        Self {
             acquire: format!(
                 "INSERT INTO {t} (key, owner, fence, expires_at, acquired_at) \
                  VALUES (?1, ?2, {next}, {NOW} + ?3, {NOW}) \
@@ -99,25 +146,63 @@ impl Statements {
                 "SELECT key, owner, fence, expires_at - {NOW} FROM {t} \
                  WHERE substr(key, 1, length(?1)) = ?1 AND expires_at > {NOW} ORDER BY key"
             ),
-            ddl: vec![
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (key TEXT PRIMARY KEY, owner TEXT NOT NULL, \
-                     fence INTEGER NOT NULL, expires_at INTEGER NOT NULL, acquired_at INTEGER NOT NULL)"
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {seq} (id INTEGER PRIMARY KEY CHECK (id = 1), \
-                     value INTEGER NOT NULL)"
-                ),
-                format!("INSERT OR IGNORE INTO {seq} (id, value) VALUES (1, 0)"),
-                format!(
-                    "CREATE TRIGGER IF NOT EXISTS \"{name}_fence_ins\" AFTER INSERT ON {t} BEGIN {bump} END"
-                ),
-                format!(
-                    "CREATE TRIGGER IF NOT EXISTS \"{name}_fence_upd\" AFTER UPDATE OF fence ON {t} \
-                     BEGIN {bump} END"
-                ),
-            ],
-        })
+            ddl,
+            observed: false,
+        }
+    }
+
+    /// The statements of the observed-expiry mode (see `crate::observe`):
+    /// no clock decides; a renewal bumps `version`, a release clears the
+    /// owner, and an acquisition takes a released key or one whose
+    /// `(owner, version)` is `(?4, ?5)`.
+    fn observed(name: &str, seq: &str) -> Self {
+        let t = format!("\"{name}\"");
+        let next = next_fence(seq);
+        let mut ddl = vec![format!(
+            "CREATE TABLE IF NOT EXISTS {t} (key TEXT PRIMARY KEY, owner TEXT NOT NULL, \
+             fence INTEGER NOT NULL, version INTEGER NOT NULL, ttl_ms INTEGER NOT NULL, \
+             acquired_at INTEGER NOT NULL)"
+        )];
+        ddl.extend(Self::counter_ddl(name, seq));
+        Self {
+            acquire: format!(
+                "INSERT INTO {t} (key, owner, fence, version, ttl_ms, acquired_at) \
+                 VALUES (?1, ?2, {next}, 1, ?3, {NOW}) \
+                 ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, \
+                 version = {t}.version + 1, ttl_ms = excluded.ttl_ms, \
+                 acquired_at = excluded.acquired_at \
+                 WHERE {t}.owner = '' OR ({t}.owner = ?4 AND {t}.version = ?5) RETURNING fence"
+            ),
+            holder: format!(
+                "SELECT owner, version, ttl_ms FROM {t} WHERE key = ?1 AND owner <> ''"
+            ),
+            renew: format!(
+                "UPDATE {t} SET version = version + 1, ttl_ms = ?3 \
+                 WHERE key = ?1 AND owner = ?2 RETURNING fence"
+            ),
+            renew_many: format!(
+                "UPDATE {t} SET version = version + 1, ttl_ms = ? \
+                 WHERE owner <> '' AND (key, owner) IN (VALUES"
+            ),
+            transfer: format!(
+                "UPDATE {t} SET owner = ?4, fence = {next}, version = version + 1, ttl_ms = ?3, \
+                 acquired_at = {NOW} WHERE key = ?1 AND owner = ?2 RETURNING fence"
+            ),
+            delete: format!(
+                "UPDATE {t} SET owner = '', version = version + 1 \
+                 WHERE key = ?1 AND owner = ?2 AND owner <> ''"
+            ),
+            raise: format!("UPDATE {seq} SET value = max(value, ?1) WHERE id = 1"),
+            inspect: format!(
+                "SELECT key, owner, fence, NULL FROM {t} WHERE key = ?1 AND owner <> ''"
+            ),
+            list: format!(
+                "SELECT key, owner, fence, NULL FROM {t} \
+                 WHERE substr(key, 1, length(?1)) = ?1 AND owner <> '' ORDER BY key"
+            ),
+            ddl,
+            observed: true,
+        }
     }
 }
 
@@ -126,6 +211,11 @@ impl Statements {
 pub struct SqliteBackend {
     pool: SqlitePool,
     sql: Arc<Statements>,
+    /// What this client saw of held keys, in the observed-expiry mode.
+    observed: Option<Arc<Observed>>,
+    /// SQLite's clock is this process's wall clock: read it as each
+    /// confirming reply arrives (store-clock mode).
+    clock: Arc<StoreClock>,
 }
 
 impl std::fmt::Debug for SqliteBackend {
@@ -184,6 +274,8 @@ impl SqliteBackend {
             .map_err(|e| map(NAME, e))?;
         let backend = Self {
             pool,
+            observed: sql.observed.then(Arc::default),
+            clock: Arc::default(),
             sql: Arc::new(sql),
         };
         if cfg.auto_migrate {
@@ -219,13 +311,22 @@ impl SqliteBackend {
         new: &Token,
         ttl: Duration,
     ) -> Result<CasOutcome, sqlx::Error> {
-        let fence: Vec<i64> = sqlx::query_scalar(&self.sql.acquire)
+        let ready = self.observed.as_ref().and_then(|o| o.ready(key.as_str()));
+        let (holder, version) = ready.unzip();
+        let mut query = sqlx::query_scalar(&self.sql.acquire)
             .bind(key.as_str())
             .bind(new.as_str())
-            .bind(millis(ttl))
-            .fetch_all(&self.pool)
-            .await?;
+            .bind(millis(ttl));
+        if self.observed.is_some() {
+            query = query.bind(holder).bind(version);
+        }
+        let sent_at = Instant::now();
+        let fence: Vec<i64> = query.fetch_all(&self.pool).await?;
         if let Some(f) = fence.first() {
+            self.saw_clock(sent_at);
+            if let Some(o) = &self.observed {
+                o.forget(key.as_str());
+            }
             return Ok(CasOutcome::Acquired {
                 fence: convert::fence(*f),
             });
@@ -235,10 +336,22 @@ impl SqliteBackend {
             .fetch_optional(&self.pool)
             .await?;
         let mut held = Held::default();
-        if let Some(row) = row {
-            held.holder = Some(Token::from_stored(row.try_get::<String, _>(0)?));
-            held.expires_in = left_ms(row.try_get(1)?);
-        }
+        let Some(row) = row else {
+            if let Some(o) = &self.observed {
+                o.forget(key.as_str());
+            }
+            return Ok(CasOutcome::Held(held));
+        };
+        let owner: String = row.try_get(0)?;
+        held.expires_in = match &self.observed {
+            None => left_ms(row.try_get(1)?),
+            Some(o) => {
+                let version: i64 = row.try_get(1)?;
+                let ttl = left_ms(row.try_get(2)?).unwrap_or(ttl);
+                Some(o.saw(key.as_str(), owner.clone(), version, ttl))
+            }
+        };
+        held.holder = Some(Token::from_stored(owner));
         Ok(CasOutcome::Held(held))
     }
 
@@ -262,13 +375,28 @@ impl SqliteBackend {
         if transfer {
             query = query.bind(new.as_str());
         }
+        let sent_at = Instant::now();
         let fence: Vec<i64> = query.fetch_all(&self.pool).await?;
         Ok(match fence.first() {
-            Some(f) => CasOutcome::Acquired {
-                fence: convert::fence(*f),
-            },
+            Some(f) => {
+                self.saw_clock(sent_at);
+                CasOutcome::Acquired {
+                    fence: convert::fence(*f),
+                }
+            }
             None => CasOutcome::Held(Held::default()),
         })
+    }
+
+    /// A reply to a request sent at `sent_at` confirmed a hold: the clock
+    /// that judged it is this process's, read now.
+    fn saw_clock(&self, sent_at: Instant) {
+        if self.observed.is_none() {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            self.clock.observe(sent_at, now);
+        }
     }
 }
 
@@ -347,6 +475,9 @@ impl Backend for SqliteBackend {
             .with_inspect()
             .with_batch_renew()
             .with_raise_fence()
+            // A statement queued behind another writer lands up to the busy
+            // timeout after its future was dropped.
+            .with_late_write(BUSY_TIMEOUT + Duration::from_secs(1))
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
@@ -388,6 +519,15 @@ impl Backend for SqliteBackend {
     /// statement per 8,000 holds of a TTL.
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
         let items = items.to_vec();
-        self.detached(move |b| b.renew_tx(items)).await
+        let sent_at = Instant::now();
+        let renewed = self.detached(move |b| b.renew_tx(items)).await?;
+        if renewed.contains(&true) {
+            self.saw_clock(sent_at);
+        }
+        Ok(renewed)
+    }
+
+    fn store_clock(&self) -> Option<&StoreClock> {
+        self.observed.is_none().then_some(self.clock.as_ref())
     }
 }

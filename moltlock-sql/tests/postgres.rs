@@ -234,3 +234,39 @@ async fn scram_password_over_tls() {
         "the password shows in Debug: {shown}"
     );
 }
+
+/// A forward step of the server's clock, shown by the reply of any request,
+/// shortens every hold of the manager at once and has them renewed at once:
+/// their rows get a full TTL again instead of expiring early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_clock_step_renews_every_hold_at_once() {
+    let clock = moltlock_conformance::fixtures::clock::FakeClock::new().unwrap();
+    let opts = PgOptions {
+        clock_file: Some(clock.path()),
+        ..PgOptions::default()
+    };
+    let server = postgres::start(&opts).unwrap_or_else(|e| panic!("{e}"));
+    let b = PostgresBackend::connect(&server.url).await.unwrap();
+    let mgr = LockManager::builder(b.clone())
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let a = mgr.lock("stepped/a").await.unwrap();
+    let before = a.valid_for().unwrap();
+    clock.step("+20s").unwrap();
+    let _c = mgr.lock("stepped/c").await.unwrap(); // its reply shows the step
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let left: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM expires_at - now())::float8 FROM moltlock_locks WHERE key = $1",
+    )
+    .bind("stepped/a")
+    .fetch_one(b.pool())
+    .await
+    .unwrap();
+    assert!(
+        left > 28.0,
+        "the hold was not renewed after the step: {left:.1} s left in the store"
+    );
+    assert!(a.is_held());
+    assert!(a.valid_for().unwrap() <= before);
+}

@@ -117,6 +117,7 @@ pub struct Harness {
     bin: PathBuf,
     dir: tempfile::TempDir,
     proxies: Mutex<Vec<Proxy>>,
+    worker_env: Vec<(String, String)>,
 }
 
 impl Harness {
@@ -142,6 +143,7 @@ impl Harness {
             bin: PathBuf::from(bin),
             dir,
             proxies: Mutex::new(Vec::new()),
+            worker_env: Vec::new(),
         })
     }
 
@@ -208,6 +210,13 @@ impl Harness {
         Ok(())
     }
 
+    /// Starts every later worker with these environment variables (e.g.
+    /// under a [`FakeClock`](moltlock_conformance::fixtures::clock::FakeClock)).
+    pub fn with_worker_env(mut self, env: Vec<(String, String)>) -> Self {
+        self.worker_env = env;
+        self
+    }
+
     /// Starts a worker process.
     ///
     /// # Errors
@@ -216,6 +225,7 @@ impl Harness {
         let stderr = self.dir.path().join(format!("{}.err", spec.id));
         let err = fs::File::create(&stderr).map_err(|e| e.to_string())?;
         let mut cmd = Command::new(&self.bin);
+        cmd.envs(self.worker_env.iter().map(|(k, v)| (k, v)));
         cmd.args(["--url", &spec.url, "--key", &spec.key])
             .args(["--ttl-ms", &spec.ttl.as_millis().to_string()])
             .args(["--rounds", &spec.rounds.to_string()])
@@ -320,7 +330,7 @@ impl Harness {
 
 /// A fresh key for one scenario.
 pub fn key(scenario: &str) -> String {
-    format!("faults/{scenario}/{}", now_ns())
+    format!("faults/{scenario}/{}", moltlock::Token::random())
 }
 
 /// `url` with its `host:port` replaced by `127.0.0.1:port`.

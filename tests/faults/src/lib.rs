@@ -18,19 +18,18 @@ pub mod harness;
 pub mod proxy;
 pub mod service;
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
-/// Wall-clock nanoseconds since the Unix epoch: shared by every process of
-/// the machine, so sections of different workers can be compared.
+/// Nanoseconds of the machine's monotonic clock (`CLOCK_MONOTONIC`): shared
+/// by every process of the machine, so sections of different workers can be
+/// compared, and untouched when a test steps the wall clock of a worker.
 pub fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let secs = u128::try_from(t.tv_sec).unwrap_or(0);
+    let nanos = u128::try_from(t.tv_nsec).unwrap_or(0);
+    secs * 1_000_000_000 + nanos
 }
 
 /// A worker's connection to the checker's service.

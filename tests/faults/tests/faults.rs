@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use moltlock_conformance::fixtures;
+use moltlock_conformance::fixtures::clock::FakeClock;
 use moltlock_faults::harness::{self, Harness, Outcome, Target};
 use moltlock_faults::proxy::Mode;
 
@@ -246,7 +247,7 @@ fn restart_redis() {
     let mut r = fixtures::redis::start_owned().expect("redis");
     let h = harness();
     let mut t = redis(&r);
-    t.url = format!("{}/?restart_quarantine_ms={}", t.url, t.ttl.as_millis());
+    t.url = r.url_with_quarantine(t.ttl);
     let mut out = harness::store_fault(&h, "store-restart", &t, || r.restart());
     out.note
         .push_str(&format!("; restart quarantine {} ms", t.ttl.as_millis()));
@@ -311,4 +312,106 @@ fn leader_kill_etcd_cluster() {
         c.kill_leader()?;
         c.wait_for_leader(Duration::from_secs(20)).map(drop)
     }));
+}
+
+// ---- the store's wall clock steps forward ----
+
+/// How far the clock steps: far past any hold's TTL.
+const STEP: &str = "+10s";
+
+/// Steps `clock` forward while a worker holds the key on `target`.
+fn clock_step(h: &Harness, target: &Target, clock: &FakeClock) -> Outcome {
+    let mut out = harness::store_fault(h, "store-clock-step", target, || clock.step(STEP));
+    out.note.push_str(&format!("; clock stepped {STEP}"));
+    out
+}
+
+/// Where expiry follows a wall clock, a forward step frees a held key at
+/// once: the holder believes it holds until its next renewal is refused.
+/// The scenario must show that window (the checker reports it) and that it
+/// is no longer than a renewal interval (TTL/3) plus scheduling slack.
+fn window_is_one_interval(mut out: Outcome) {
+    out.unsafe_demo = true;
+    let window_us = out
+        .verdict
+        .violations
+        .iter()
+        .filter_map(|v| {
+            v.split(" µs in common")
+                .next()?
+                .rsplit('(')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .max();
+    out.note.push_str(&match window_us {
+        Some(us) => format!("; two believed holders for up to {} ms", us / 1000),
+        None => "; no overlap seen".to_owned(),
+    });
+    out.record(&report_dir());
+    assert!(out.failures.is_empty(), "{}", out.explain());
+    let bound = TTL / 3 + Duration::from_millis(400);
+    if let Some(us) = window_us {
+        assert!(
+            Duration::from_micros(us) <= bound,
+            "two holders for {us} µs, more than a renewal interval: {}",
+            out.explain()
+        );
+    }
+}
+
+fn postgres_under(clock: &FakeClock) -> fixtures::postgres::Postgres {
+    let opts = fixtures::postgres::PgOptions {
+        clock_file: Some(clock.path()),
+        ..Default::default()
+    };
+    fixtures::postgres::start(&opts).expect("postgres under a fake clock")
+}
+
+/// Observed expiry judges no hold by a wall clock: 0 violations.
+#[test]
+fn clock_step_postgres_observed() {
+    let clock = FakeClock::new().expect("clock");
+    let pg = postgres_under(&clock);
+    let h = harness();
+    let t = Target {
+        backend: "postgres-observed",
+        url: format!("{}?expiry=observed", pg.url),
+        ttl: TTL,
+    };
+    conclude(&clock_step(&h, &t, &clock));
+}
+
+#[test]
+fn clock_step_postgres_store_clock() {
+    let clock = FakeClock::new().expect("clock");
+    let pg = postgres_under(&clock);
+    let h = harness();
+    let t = Target {
+        backend: "postgres",
+        url: pg.url.clone(),
+        ttl: TTL,
+    };
+    window_is_one_interval(clock_step(&h, &t, &clock));
+}
+
+/// SQLite's store clock is each client process's own: every worker runs
+/// under the stepped clock, as every process of a machine does.
+#[test]
+fn clock_step_sqlite_observed() {
+    let clock = FakeClock::new().expect("clock");
+    let h = harness().with_worker_env(clock.env());
+    let mut t = sqlite(&h);
+    t.backend = "sqlite-observed";
+    t.url.push_str("?expiry=observed");
+    conclude(&clock_step(&h, &t, &clock));
+}
+
+#[test]
+fn clock_step_sqlite_store_clock() {
+    let clock = FakeClock::new().expect("clock");
+    let h = harness().with_worker_env(clock.env());
+    let t = sqlite(&h);
+    window_is_one_interval(clock_step(&h, &t, &clock));
 }
