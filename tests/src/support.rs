@@ -93,6 +93,10 @@ impl Backend for Partition {
         self.inner.earliest_expiry(ttl, sent_at)
     }
 
+    fn store_clock(&self) -> Option<&moltlock_core::StoreClock> {
+        self.inner.store_clock()
+    }
+
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
         self.gate().await;
         self.inner.watch(key).await
@@ -293,6 +297,10 @@ impl Backend for Delay {
         self.inner.earliest_expiry(ttl, sent_at)
     }
 
+    fn store_clock(&self) -> Option<&moltlock_core::StoreClock> {
+        self.inner.store_clock()
+    }
+
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
         self.inner.watch(key).await
     }
@@ -394,6 +402,10 @@ impl Backend for Duplicating {
         sent_at: tokio::time::Instant,
     ) -> tokio::time::Instant {
         self.inner.earliest_expiry(ttl, sent_at)
+    }
+
+    fn store_clock(&self) -> Option<&moltlock_core::StoreClock> {
+        self.inner.store_clock()
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {

@@ -2,7 +2,6 @@
 //! cases that guard against its flaw, and sound stores must pass the whole
 //! suite (the in-memory reference backend three times in a row).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use moltlock_conformance::broken::{Flaw, Flawed};
@@ -246,7 +245,6 @@ async fn stamping_must_match_declared_capabilities() {
         .unwrap_err();
     assert!(err.contains("declares inspect"), "{err}");
     assert_eq!(check_stamping(flawed(Flaw::None), &[]).await, Ok(()));
-    let _ = Arc::new(());
 }
 
 // A backend that lacks every optional capability, stamped accordingly: its
