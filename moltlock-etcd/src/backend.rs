@@ -702,6 +702,19 @@ impl Backend for EtcdBackend {
         let full = format!("{}{prefix}", self.shared.prefix);
         let opts = GetOptions::new().with_prefix();
         let resp = call("get", self.shared.timeout, client.get(full, Some(opts))).await?;
+        // A key's fence offset (`<key>\0fence`) sorts right after the key
+        // and is in the same range: fences reported include it, as
+        // `inspect`'s do.
+        let offsets: HashMap<String, i64> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let name = String::from_utf8_lossy(kv.key());
+                let key = name.strip_prefix(&self.shared.prefix)?;
+                let key = key.strip_suffix(OFFSET_MARK)?;
+                Some((key.to_owned(), parse_offset(kv.value())))
+            })
+            .collect();
         let mut ttls = HashMap::new();
         let mut out = Vec::new();
         for kv in resp.kvs() {
@@ -712,11 +725,16 @@ impl Backend for EtcdBackend {
             if key.contains(QUEUE_MARK) || key.contains(OFFSET_MARK) {
                 continue;
             }
-            out.push(
-                self.shared
-                    .holder_info(key.to_owned(), kv, &mut ttls)
-                    .await?,
-            );
+            let mut info = self
+                .shared
+                .holder_info(key.to_owned(), kv, &mut ttls)
+                .await?;
+            if let Some(offset) = offsets.get(key) {
+                info.fence = info
+                    .fence
+                    .map(|f| Fence(f.get().saturating_add(offset.unsigned_abs())));
+            }
+            out.push(info);
         }
         Ok(out)
     }

@@ -610,6 +610,18 @@ pub async fn waiter_acquires_after_holder_stops_renewing(f: Factory) -> CaseResu
         "acquired after {waited:?}, before the TTL {ttl:?}"
     );
     ensure!(g.is_held(), "the waiter's guard must be held");
+    // The takeover must have made the waiter the owner: its renewals over
+    // the next TTL keep it held.
+    let probe = f.open().await?;
+    tokio::time::sleep(ttl).await;
+    ensure!(
+        g.is_held(),
+        "the waiter lost the key it took over within one TTL (its renewals were refused)"
+    );
+    ensure!(
+        !is_free(&probe, &k, ttl).await?,
+        "the key taken over from an expired holder was free a TTL later"
+    );
     Ok(Outcome::Passed)
 }
 
@@ -1108,6 +1120,7 @@ pub async fn raise_fence_lifts_later_fences(f: Factory) -> CaseResult {
     g.release().await.map_err(err)?;
     let other = manager(&f.open().await?, Duration::from_secs(10))?;
     let mut last = floor;
+    let inspect = b.capabilities().inspect;
     for _ in 0..3 {
         let g = other.lock(&k).await.map_err(err)?;
         ensure!(
@@ -1116,6 +1129,24 @@ pub async fn raise_fence_lifts_later_fences(f: Factory) -> CaseResult {
             g.fence()
         );
         last = g.fence();
+        if inspect {
+            // What inspect and list report is the hold's own fence, floor
+            // included.
+            let info = b.inspect(g.key()).await.map_err(err)?;
+            let reported = info.and_then(|i| i.fence);
+            ensure!(
+                reported.is_none_or(|r| r == g.fence()),
+                "inspect reports fence {reported:?} for a hold of fence {}",
+                g.fence()
+            );
+            let listed = b.list(&k).await.map_err(err)?;
+            let reported = listed.iter().find(|i| i.key == k).and_then(|i| i.fence);
+            ensure!(
+                reported.is_none_or(|r| r == g.fence()),
+                "list reports fence {reported:?} for a hold of fence {}",
+                g.fence()
+            );
+        }
         g.release().await.map_err(err)?;
     }
     Ok(Outcome::Passed)

@@ -39,7 +39,10 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
         Flaw::SharedLeaseWrongBound => &["shared_lease_reports_earliest_expiry"],
         Flaw::RenewsExpiredHold => &["renewal_after_expiry_is_refused"],
         Flaw::RenewalAddsTtl => &["renewal_sets_expiry_from_now"],
-        Flaw::TakeoverKeepsOldToken => &["expired_key_race_has_one_winner"],
+        Flaw::TakeoverKeepsOldToken => &[
+            "expired_key_race_has_one_winner",
+            "waiter_acquires_after_holder_stops_renewing",
+        ],
         Flaw::HandOverKeepsFence => &["hand_over_gives_a_fresh_fence"],
         Flaw::DeleteIgnoresExpiry => &["delete_of_expired_hold_reports_false"],
         Flaw::DeleteAlwaysTrue => &[
