@@ -12,7 +12,8 @@
 //!         async move { Ok(b) }
 //!     })
 //! }
-//! moltlock_conformance::conformance_tests!(store());
+//! // MemoryBackend has every optional capability but the fair queue.
+//! moltlock_conformance::conformance_tests!(store(), without: [fair_queue]);
 //! # fn main() {}
 //! ```
 //!

@@ -258,3 +258,55 @@ mod bare_backend {
         without: [notifies_release, inspect, fair_queue, raise_fence]
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn stall_monitor_sees_a_blocked_runtime() {
+    let monitor = moltlock_conformance::StallMonitor::start();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    // Blocks the runtime's only thread, as a starved scheduler would.
+    std::thread::sleep(Duration::from_millis(300));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let worst = monitor.stop();
+    assert!(worst >= Duration::from_millis(250), "saw only {worst:?}");
+}
+
+static FLAKY_CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+fn inconclusive_twice(
+    _: Factory,
+) -> moltlock_conformance::BoxFuture<moltlock_conformance::CaseResult> {
+    Box::pin(async {
+        let n = FLAKY_CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if n < 2 {
+            Err(format!("{INCONCLUSIVE}: woke late"))
+        } else {
+            Ok(Outcome::Passed)
+        }
+    })
+}
+
+fn always_inconclusive(
+    _: Factory,
+) -> moltlock_conformance::BoxFuture<moltlock_conformance::CaseResult> {
+    Box::pin(async { Err(format!("{INCONCLUSIVE}: woke late")) })
+}
+
+#[tokio::test]
+async fn inconclusive_attempts_are_run_again_and_never_pass() {
+    let retried = moltlock_conformance::Case {
+        name: "inconclusive_twice",
+        point: "timing",
+        needs: None,
+        run: inconclusive_twice,
+    };
+    assert_eq!(run_case(&retried, bare()).await, Ok(Outcome::Passed));
+    assert_eq!(FLAKY_CALLS.load(std::sync::atomic::Ordering::SeqCst), 3);
+    let stuck = moltlock_conformance::Case {
+        name: "always_inconclusive",
+        point: "timing",
+        needs: None,
+        run: always_inconclusive,
+    };
+    let r = run_case(&stuck, bare()).await;
+    assert!(matches!(&r, Err(m) if m.starts_with(INCONCLUSIVE)), "{r:?}");
+}
