@@ -79,6 +79,9 @@ pub enum Flaw {
     InspectShowsExpired,
     /// `list` ignores its prefix.
     ListIgnoresPrefix,
+    /// `list` matches its prefix as a SQL `LIKE` pattern (`prefix%`,
+    /// unescaped), so `_` and `%` in it are wildcards.
+    ListPrefixAsPattern,
     /// `inspect` and `list` report the store's latest fence, not the hold's.
     InspectReportsLatestFence,
     /// A fair acquisition first tries to take a free key directly.
@@ -133,6 +136,7 @@ impl Flaw {
         Flaw::InspectReportsFullTtl,
         Flaw::InspectShowsExpired,
         Flaw::ListIgnoresPrefix,
+        Flaw::ListPrefixAsPattern,
         Flaw::InspectReportsLatestFence,
         Flaw::FairBarges,
         Flaw::FairKeepsDroppedPlace,
@@ -504,6 +508,17 @@ impl Flawed {
     }
 }
 
+/// Whether `text` matches the SQL `LIKE` pattern `pattern%` (`_`: any one
+/// byte, `%`: any run), as an unescaped `LIKE ? || '%'` would.
+fn like(text: &[u8], pattern: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => true,
+        Some((b'%', rest)) => (0..=text.len()).any(|i| like(&text[i..], rest)),
+        Some((b'_', rest)) => !text.is_empty() && like(&text[1..], rest),
+        Some((c, rest)) => text.first() == Some(c) && like(&text[1..], rest),
+    }
+}
+
 /// Leaves the fair queue when a waiter goes away.
 struct QueueGuard {
     store: Flawed,
@@ -665,7 +680,12 @@ impl Backend for Flawed {
             .entries
             .iter()
             .filter(|(k, e)| {
-                (self.has(Flaw::ListIgnoresPrefix) || k.starts_with(prefix)) && self.shown(e, now)
+                let under = match self.flaw {
+                    Flaw::ListIgnoresPrefix => true,
+                    Flaw::ListPrefixAsPattern => like(k.as_bytes(), prefix.as_bytes()),
+                    _ => k.starts_with(prefix),
+                };
+                under && self.shown(e, now)
             })
             .map(|(k, e)| self.info(&st, k, e, now))
             .collect();

@@ -99,19 +99,27 @@ pub async fn watch_fires_for_every_release(f: Factory) -> CaseResult {
 }
 
 /// `inspect` and `list` are exact: `list(prefix)` returns exactly the holds
-/// under the prefix (not a sibling that shares its first characters), each
-/// with its own holder and fence; time left shrinks as time passes.
+/// under the prefix (not a sibling that shares its first characters, nor
+/// one that matches it when `_ % * ? [ ]` are taken as wildcards), each with
+/// its own holder and fence; time left shrinks as time passes.
 pub async fn inspect_and_list_are_exact(f: Factory) -> CaseResult {
     let b = f.open().await?;
     let base = key("list");
-    let under = [format!("{base}/a"), format!("{base}/b/c")];
-    let outside = [format!("{base}x/d"), key("list-other")];
+    // The prefix carries the wildcards of SQL LIKE and of glob patterns; the
+    // siblings match it only if they are taken as wildcards.
+    let prefix = format!("{base}/w_%*?[ab]/");
+    let under = [format!("{prefix}a"), format!("{prefix}b/c")];
+    let outside = [
+        format!("{base}/wX%*?[ab]/d"),
+        format!("{base}/w_%Qa/d"),
+        format!("{base}x/d"),
+        key("list-other"),
+    ];
     let mut holds = Vec::new();
     for k in under.iter().chain(outside.iter()) {
         let (token, fence) = raw_acquire(&b, k, LONG).await?;
         holds.push((k.clone(), token, fence));
     }
-    let prefix = format!("{base}/");
     let listed = b.list(&prefix).await.map_err(err)?;
     let got: BTreeSet<String> = listed.iter().map(|i| i.key.clone()).collect();
     let want: BTreeSet<String> = under.iter().cloned().collect();
