@@ -1,6 +1,7 @@
 //! `moltlock conformance`: the lock contract, checked against a live store.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use moltlock::Error;
@@ -20,7 +21,9 @@ pub struct CheckArgs {
     only: Option<String>,
 }
 
-/// Runs the suite and prints a pass/fail table; status 1 if any case failed.
+/// Runs the suite, printing each case as it finishes (name, ok / FAILED /
+/// skipped, time) and then `N passed, N failed, N skipped`; status 1 if any
+/// case failed.
 pub async fn check(url: &str, args: CheckArgs) -> Result<u8, Error> {
     let probe = moltlock::connect(url).await?;
     println!("checking {} against the lock contract", probe.name());
@@ -31,58 +34,81 @@ pub async fn check(url: &str, args: CheckArgs) -> Result<u8, Error> {
         async move { moltlock::connect(&url).await }
     });
     let gate = Arc::new(Semaphore::new(args.parallel.max(1)));
-    let mut tasks = Vec::new();
-    for case in cases::ALL {
-        if args.only.as_deref().is_some_and(|o| !case.name.contains(o)) {
-            continue;
-        }
-        let (gate, factory) = (gate.clone(), factory.clone());
-        tasks.push(tokio::spawn(async move {
+    let selected: Vec<_> = cases::ALL
+        .iter()
+        .filter(|case| args.only.as_deref().is_none_or(|o| case.name.contains(o)))
+        .collect();
+    let width = selected.iter().map(|c| c.name.len()).max().unwrap_or(4);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for case in selected {
+        let (gate, factory, tx) = (gate.clone(), factory.clone(), tx.clone());
+        let handle = tokio::spawn(async move {
             let _permit = gate.acquire_owned().await;
-            (case.name, run_case(case, factory).await)
-        }));
+            let started = Instant::now();
+            let result = run_case(case, factory).await;
+            (result, started.elapsed())
+        });
+        tokio::spawn(async move {
+            let done = match handle.await {
+                Ok(r) => r,
+                Err(e) => (Err(format!("the case panicked: {e}")), Duration::ZERO),
+            };
+            let _ = tx.send((case.name, done.0, done.1));
+        });
     }
-    let mut results = Vec::new();
-    for t in tasks {
-        match t.await {
-            Ok(r) => results.push(r),
-            Err(e) => results.push(("(task)", Err(format!("a case panicked: {e}")))),
-        }
+    drop(tx);
+    let on = colour(std::io::IsTerminal::is_terminal(&std::io::stdout()));
+    let mut tally = Tally::default();
+    while let Some((name, result, took)) = rx.recv().await {
+        print!("{}", tally.line(name, &result, took, width, on));
+        let _ = std::io::Write::flush(&mut std::io::stdout());
     }
-    print!(
-        "{}",
-        report(
-            &results,
-            colour(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        )
-    );
-    let failed = results.iter().any(|(_, r)| r.is_err());
-    Ok(u8::from(failed))
+    println!("{}", tally.summary());
+    Ok(u8::from(tally.failed > 0))
 }
 
-fn report(results: &[(&str, CaseResult)], on: bool) -> String {
-    let width = results.iter().map(|(n, _)| n.len()).max().unwrap_or(4);
-    let mut out = String::new();
-    let (mut pass, mut fail, mut skip) = (0, 0, 0);
-    for (name, result) in results {
+/// Counts of finished cases.
+#[derive(Default)]
+struct Tally {
+    passed: usize,
+    failed: usize,
+    skipped: usize,
+}
+
+impl Tally {
+    /// One finished case's line, counted.
+    fn line(
+        &mut self,
+        name: &str,
+        result: &CaseResult,
+        took: Duration,
+        width: usize,
+        on: bool,
+    ) -> String {
+        let took = crate::duration::format(took);
         let (word, detail) = match result {
             Ok(Outcome::Passed) => {
-                pass += 1;
-                (paint("PASS", "32", on), String::new())
+                self.passed += 1;
+                (paint("ok", "32", on), String::new())
             }
             Ok(Outcome::Skipped(why)) => {
-                skip += 1;
-                (paint("SKIP", "33", on), why.clone())
+                self.skipped += 1;
+                (paint("skipped", "33", on), format!("  {why}"))
             }
             Err(msg) => {
-                fail += 1;
-                (paint("FAIL", "31", on), msg.clone())
+                self.failed += 1;
+                (paint("FAILED", "31", on), format!("  {msg}"))
             }
         };
-        out.push_str(&format!("{name:width$}  {word}  {detail}\n"));
+        format!("{name:width$}  {word}  {took}{detail}\n")
     }
-    out.push_str(&format!("{pass} passed, {fail} failed, {skip} skipped\n"));
-    out
+
+    fn summary(&self) -> String {
+        format!(
+            "{} passed, {} failed, {} skipped",
+            self.passed, self.failed, self.skipped
+        )
+    }
 }
 
 #[cfg(test)]
@@ -91,14 +117,26 @@ mod tests {
 
     #[test]
     fn report_counts() {
-        let results = vec![
-            ("a", Ok(Outcome::Passed)),
-            ("bb", Ok(Outcome::Skipped("no fair queue".into()))),
-            ("c", Err("boom".into())),
-        ];
-        let text = report(&results, false);
-        assert!(text.contains("a   PASS"), "{text}");
-        assert!(text.contains("c   FAIL  boom"), "{text}");
-        assert!(text.ends_with("1 passed, 1 failed, 1 skipped\n"), "{text}");
+        let mut t = Tally::default();
+        let ms = Duration::from_millis(5);
+        let a = t.line("a", &Ok(Outcome::Passed), ms, 2, false);
+        let b = t.line(
+            "bb",
+            &Ok(Outcome::Skipped("no fair queue".into())),
+            ms,
+            2,
+            false,
+        );
+        let c = t.line(
+            "c",
+            &Err("boom".into()),
+            Duration::from_millis(1500),
+            2,
+            false,
+        );
+        assert_eq!(a, "a   ok  5ms\n");
+        assert_eq!(b, "bb  skipped  5ms  no fair queue\n");
+        assert_eq!(c, "c   FAILED  1.5s  boom\n");
+        assert_eq!(t.summary(), "1 passed, 1 failed, 1 skipped");
     }
 }

@@ -1,30 +1,19 @@
-//! Human-friendly durations: `30s`, `500ms`, `2m`, `1h`, `1.5s`; a bare
-//! number is seconds.
+//! Durations, parsed in one place: the forms of the `humantime` crate
+//! (`90s`, `1h30m`, `250ms`, `2m 30s`, `0`), and a bare number of seconds.
 
 use std::time::Duration;
 
 /// Parses a duration.
 pub fn parse(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (try 30s, 500ms, 2m, 1h)"))?;
-    let secs = match unit.trim() {
-        "" | "s" | "sec" | "secs" => value,
-        "ms" => value / 1000.0,
-        "m" | "min" | "mins" => value * 60.0,
-        "h" => value * 3600.0,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {s:?} (use ms, s, m or h)"
-            ))
-        }
-    };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return s
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|e| format!("{s:?}: {e}"));
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration ({e}; try 90s, 1h30m or 250ms)"))
 }
 
 /// Formats a duration briefly: `850ms`, `29.5s`, `4m05s`, `2h10m`.
@@ -43,14 +32,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_units() {
-        assert_eq!(parse("30s").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse("30").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse("1.5s").unwrap(), Duration::from_millis(1500));
-        assert_eq!(parse("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(parse("1h").unwrap(), Duration::from_secs(3600));
-        for bad in ["", "s", "10x", "-1s", "1e999"] {
+    fn parses_what_people_type() {
+        let cases = [
+            ("30s", 30_000),
+            ("30", 30_000),
+            ("90s", 90_000),
+            ("1h30m", 5_400_000),
+            ("250ms", 250),
+            ("2m 30s", 150_000),
+            ("0", 0),
+            ("1h", 3_600_000),
+        ];
+        for (s, ms) in cases {
+            assert_eq!(parse(s), Ok(Duration::from_millis(ms)), "{s}");
+        }
+        for bad in ["", "s", "10x", "-1s", "1.5.5s"] {
             assert!(parse(bad).is_err(), "{bad:?} parsed");
         }
     }
@@ -58,7 +54,7 @@ mod tests {
     #[test]
     fn formats_briefly() {
         assert_eq!(format(Duration::from_millis(850)), "850ms");
-        assert_eq!(format(Duration::from_millis(29_500)), "29.5s");
+        assert_eq!(format(Duration::from_millis(12_300)), "12.3s");
         assert_eq!(format(Duration::from_secs(245)), "4m05s");
         assert_eq!(format(Duration::from_secs(7800)), "2h10m");
     }

@@ -3,17 +3,23 @@
 
 mod check;
 mod duration;
+mod group;
 mod run;
 mod status;
+mod store;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// The command ran and exited with this status.
 const EXIT_OK: u8 = 0;
-/// A store or usage error (connection refused, bad URL, bad key).
+/// The command line cannot work (unknown option, bad duration, a `--grace`
+/// that does not fit the TTL, an in-memory store for `run`, `--fair` on a
+/// store without a fair queue): `EX_USAGE` of sysexits.h.
+const EXIT_USAGE: u8 = 64;
+/// A store error (connection refused, bad URL, bad key) or an internal one.
 const EXIT_ERROR: u8 = 70;
 /// `--no-wait` and the lock was held elsewhere.
 const EXIT_BUSY: u8 = 75;
@@ -22,33 +28,41 @@ const EXIT_TIMEOUT: u8 = 124;
 /// The lock was lost while the command ran; the command was stopped.
 const EXIT_LOST: u8 = 125;
 
+/// How long `moltlock` waits, before exiting, for best-effort releases of
+/// holds it gave up (a `--timeout` that cut an attempt short, say).
+const CLEANUP_WAIT: Duration = Duration::from_secs(6);
+
 const AFTER_HELP: &str = "\
 Exit status of `run`: the command's own status (128+N when killed by signal N);
-  75 the lock is held elsewhere (--no-wait); 124 the wait timed out (--timeout);
-  125 the lock was lost while the command ran (it got SIGTERM, then SIGKILL);
+  75 the lock is held elsewhere (--no-wait); 124 the wait timed out (--timeout)
+  (both replaced by --conflict-exit-code N); 125 the lock was lost, or could not
+  be renewed in time, while the command ran (it got SIGTERM, then SIGKILL);
   126 the command could not be executed; 127 the command was not found;
-  70 a store or usage error.
+  64 a usage error; 70 a store error.
+
+The command runs in its own process group with a watchdog: when moltlock dies
+(even by SIGKILL) or stops renewing, the whole group is killed. SIGTERM, SIGHUP
+and SIGQUIT to moltlock stop the group with SIGTERM (SIGINT is passed on), then
+SIGKILL after --grace. MOLTLOCK_URL is removed from the command's environment
+unless --pass-url.
 
 Examples:
   moltlock run --key nightly-report -- ./report.sh
   moltlock --url redis://127.0.0.1:6379/ run --key deploy --no-wait -- make deploy
   moltlock --url postgres://app@db/locks run --key backup --timeout 5m -- pg_dump app
   moltlock status --prefix jobs/ --json
-  moltlock conformance --url etcd://127.0.0.1:2379";
+  moltlock --url etcd://127.0.0.1:2379 conformance";
 
 /// Distributed locks over etcd, Redis, Postgres, SQLite and MySQL.
 #[derive(Parser, Debug)]
 #[command(name = "moltlock", version, after_help = AFTER_HELP)]
 struct Cli {
     /// The lock store: sqlite://FILE, postgres://…, mysql://…, redis://…,
-    /// rediss://…, redis+cluster://…, etcd://…, etcds://…
-    #[arg(
-        long,
-        env = "MOLTLOCK_URL",
-        default_value = "sqlite://moltlock.db",
-        global = true
-    )]
-    url: String,
+    /// rediss://…, redis+cluster://…, etcd://…, etcds://… [default: the
+    /// per-user SQLite file $XDG_STATE_HOME/moltlock/locks.db, or
+    /// ~/.local/state/moltlock/locks.db]
+    #[arg(long, env = "MOLTLOCK_URL", hide_env_values = true, global = true)]
+    url: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -66,42 +80,148 @@ enum Command {
     Conformance(check::CheckArgs),
 }
 
-/// Parses a duration such as `30s`, `500ms`, `2m`, `1h` or `1.5s`.
+/// Parses a duration such as `90s`, `1h30m`, `250ms` or `2m 30s`.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     duration::parse(s)
 }
 
+/// A failure to report: a message for stderr and the status to exit with.
+#[derive(Debug)]
+pub struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    /// A usage error (status 64).
+    fn usage(message: impl Into<String>) -> Self {
+        Self {
+            code: EXIT_USAGE,
+            message: message.into(),
+        }
+    }
+
+    /// A store or internal error (status 70).
+    fn error(message: impl Into<String>) -> Self {
+        Self {
+            code: EXIT_ERROR,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<moltlock::Error> for Failure {
+    fn from(e: moltlock::Error) -> Self {
+        Self::error(e.to_string())
+    }
+}
+
+/// The command line, with the default store's actual path in `--help`.
+fn parse_cli(default_url: Option<&str>) -> Result<Cli, u8> {
+    let shown = default_url.unwrap_or("none: set HOME or XDG_STATE_HOME, or give --url");
+    let cmd = Cli::command().mut_arg("url", |a| {
+        a.help(format!(
+            "The lock store: sqlite://FILE, postgres://…, mysql://…, redis://…, \
+             rediss://…, redis+cluster://…, etcd://…, etcds://… [default: {shown}]"
+        ))
+    });
+    let parsed = cmd
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m));
+    parsed.map_err(|e| {
+        use clap::error::ErrorKind;
+        match e.kind() {
+            ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                let _ = e.print();
+                EXIT_OK
+            }
+            _ => {
+                // A value on the command line may be a URL with a password.
+                eprint!("{}", moltlock::redact(&e.render().to_string()));
+                EXIT_USAGE
+            }
+        }
+    })
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut argv = std::env::args_os().skip(1);
+    if argv.next().is_some_and(|a| a == group::WATCHDOG_ARG) {
+        let parent = argv.next();
+        return group::watchdog_main(parent.as_deref().and_then(|p| p.to_str()));
+    }
+    let default_url = store::default_url();
+    let cli = match parse_cli(default_url.as_deref()) {
+        Ok(cli) => cli,
+        Err(code) => return ExitCode::from(code),
+    };
+    // `run` on one thread: the command's watchdog is forked from the main
+    // thread, which lives as long as the process (Linux sends the
+    // parent-death signal when the forking *thread* ends). The conformance
+    // suite's cases run in parallel on several.
+    let mut builder = if matches!(cli.command, Command::Run(_)) {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("moltlock: cannot start the runtime: {e}");
             return ExitCode::from(EXIT_ERROR);
         }
     };
-    let code = runtime.block_on(dispatch(cli));
-    // Give best-effort releases a moment, but never hang on exit.
-    runtime.shutdown_timeout(Duration::from_secs(2));
+    let code = runtime.block_on(async {
+        let code = dispatch(cli, default_url).await;
+        // Releases spawned in the background (a timed-out attempt, a dropped
+        // guard) must reach the store before the runtime drops them.
+        moltlock::wait_for_cleanups(CLEANUP_WAIT).await;
+        code
+    });
+    runtime.shutdown_timeout(Duration::from_secs(1));
     ExitCode::from(code)
 }
 
-async fn dispatch(cli: Cli) -> u8 {
+async fn dispatch(cli: Cli, default_url: Option<String>) -> u8 {
+    let (url, is_default) = match (cli.url, default_url) {
+        (Some(u), _) => (u, false),
+        (None, Some(d)) => (d, true),
+        (None, None) => {
+            eprintln!(
+                "moltlock: no store: give --url or MOLTLOCK_URL, or set HOME (or \
+                 XDG_STATE_HOME) for the per-user default"
+            );
+            return EXIT_USAGE;
+        }
+    };
     let result = match cli.command {
-        Command::Run(args) => run::run(&cli.url, args).await,
-        Command::Status(args) => status::status(&cli.url, args).await,
-        Command::Conformance(args) => check::check(&cli.url, args).await,
+        Command::Run(args) => run_command(&url, is_default, args).await,
+        Command::Status(args) => status::status(&url, args).await.map_err(Failure::from),
+        Command::Conformance(args) => check::check(&url, args).await.map_err(Failure::from),
     };
     match result {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("moltlock: {e}");
-            EXIT_ERROR
+        Err(f) => {
+            eprintln!("moltlock: {}", moltlock::redact(&f.message));
+            f.code
         }
     }
+}
+
+async fn run_command(url: &str, is_default: bool, args: run::RunArgs) -> Result<u8, Failure> {
+    let default = store::default_url();
+    store::check_shared(url, default.as_deref()).map_err(Failure::usage)?;
+    if is_default {
+        if let Some(path) = store::default_path() {
+            store::prepare_default(&path).map_err(|e| {
+                Failure::error(format!(
+                    "cannot create the default store {}: {e}",
+                    path.display()
+                ))
+            })?;
+        }
+    }
+    run::run(url, args).await
 }
 
 /// Whether to colour output: only on a terminal, and never with NO_COLOR.
@@ -124,7 +244,6 @@ mod tests {
 
     #[test]
     fn help_parses_and_lists_examples() {
-        use clap::CommandFactory;
         Cli::command().debug_assert();
         let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("moltlock run --key nightly-report"), "{help}");
@@ -139,7 +258,14 @@ mod tests {
 
     #[test]
     fn exit_codes_are_distinct() {
-        let codes = [EXIT_OK, EXIT_ERROR, EXIT_BUSY, EXIT_TIMEOUT, EXIT_LOST];
+        let codes = [
+            EXIT_OK,
+            EXIT_USAGE,
+            EXIT_ERROR,
+            EXIT_BUSY,
+            EXIT_TIMEOUT,
+            EXIT_LOST,
+        ];
         let set: std::collections::HashSet<u8> = codes.into_iter().collect();
         assert_eq!(set.len(), codes.len());
     }

@@ -23,6 +23,7 @@ struct Row {
     fence: Option<u64>,
     expires_in_ms: Option<u64>,
     holder: String,
+    description: Option<String>,
 }
 
 impl From<&HolderInfo> for Row {
@@ -34,6 +35,7 @@ impl From<&HolderInfo> for Row {
                 .expires_in
                 .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             holder: h.holder.as_str().chars().take(8).collect(),
+            description: h.description.clone(),
         }
     }
 }
@@ -47,6 +49,7 @@ pub async fn status(url: &str, args: StatusArgs) -> Result<u8, Error> {
         if args.json {
             println!("{}", json(&rows)?);
         } else {
+            println!("store: {}", moltlock::redact_url(url));
             print!("{}", table(&rows, on));
         }
         return Ok(EXIT_OK);
@@ -87,6 +90,13 @@ pub async fn status(url: &str, args: StatusArgs) -> Result<u8, Error> {
 }
 
 async fn holders(url: &str, prefix: &str) -> Result<Vec<Row>, Error> {
+    // Looking must not create a store: a SQLite file that is not there (or
+    // one in memory) holds no locks.
+    if let Some(file) = crate::store::sqlite_file(url) {
+        if file.is_empty() || file == ":memory:" || !std::path::Path::new(&file).exists() {
+            return Ok(Vec::new());
+        }
+    }
     let backend = moltlock::connect(url).await?;
     Ok(backend.list(prefix).await?.iter().map(Row::from).collect())
 }
@@ -99,25 +109,38 @@ fn table(rows: &[Row], on: bool) -> String {
     if rows.is_empty() {
         return "no locks held\n".to_owned();
     }
-    let width = rows.iter().map(|r| r.key.len()).max().unwrap_or(3).max(3);
-    let mut out = format!(
-        "{}\n",
-        paint(
-            &format!("{:width$}  {:>10}  {:>9}  HOLDER", "KEY", "FENCE", "LEFT"),
-            "1",
-            on
-        )
-    );
-    for r in rows {
-        let fence = r.fence.map(|f| f.to_string()).unwrap_or_else(|| "-".into());
-        let left = r
-            .expires_in_ms
-            .map(|ms| duration::format(std::time::Duration::from_millis(ms)))
-            .unwrap_or_else(|| "-".into());
-        out.push_str(&format!(
-            "{:width$}  {fence:>10}  {left:>9}  {}…\n",
-            r.key, r.holder
-        ));
+    let cells: Vec<[String; 5]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.key.clone(),
+                r.fence.map(|f| f.to_string()).unwrap_or_else(|| "-".into()),
+                r.expires_in_ms
+                    .map(|ms| duration::format(std::time::Duration::from_millis(ms)))
+                    .unwrap_or_else(|| "-".into()),
+                format!("{}…", r.holder),
+                r.description.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    let head = ["KEY", "FENCE", "LEFT", "HOLDER", "DESCRIPTION"];
+    let width = |i: usize| {
+        cells
+            .iter()
+            .map(|c| c[i].chars().count())
+            .chain([head[i].len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let (wk, wf, wl, wh) = (width(0), width(1), width(2), width(3));
+    let line = |c: [&str; 5]| {
+        let (k, f, l, h, d) = (c[0], c[1], c[2], c[3], c[4]);
+        format!("{k:<wk$}  {f:>wf$}  {l:>wl$}  {h:<wh$}  {d}")
+    };
+    let mut out = format!("{}\n", paint(&line(head), "1", on));
+    for c in &cells {
+        out.push_str(&line([&c[0], &c[1], &c[2], &c[3], &c[4]]));
+        out.push('\n');
     }
     out
 }
@@ -133,13 +156,37 @@ mod tests {
             fence: Some(42),
             expires_in_ms: Some(29_500),
             holder: "abcdef12".into(),
+            description: Some("host h pid 7 since 2026-12-01T10:00:00Z: ./report.sh".into()),
         }];
         let t = table(&rows, false);
         assert!(t.starts_with("KEY   "), "{t}");
         assert!(
-            t.contains("jobs/a          42      29.5s  abcdef12…"),
+            t.contains("jobs/a     42  29.5s  abcdef12…  host h pid 7"),
             "{t}"
         );
+        let rows = vec![
+            Row {
+                key: "a".into(),
+                fence: Some(1_733_000_000_123_456),
+                expires_in_ms: Some(245_000),
+                holder: "abcdef12".into(),
+                description: None,
+            },
+            Row {
+                key: "bb".into(),
+                fence: Some(7),
+                expires_in_ms: None,
+                holder: "12345678".into(),
+                description: Some("host h pid 8".into()),
+            },
+        ];
+        let t = table(&rows, false);
+        let ends: Vec<usize> = t
+            .lines()
+            .map(|l| l.rfind("  ").map_or(0, |i| l[..i].chars().count()))
+            .collect();
+        assert!(ends.windows(2).all(|w| w[0] == w[1]), "misaligned:\n{t}");
+        assert!(t.contains("4m05s"), "{t}");
         assert_eq!(table(&[], false), "no locks held\n");
     }
 }

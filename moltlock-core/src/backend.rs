@@ -57,6 +57,9 @@ pub struct HolderInfo {
     pub fence: Option<Fence>,
     /// Time left before the hold expires, where the store tells it.
     pub expires_in: Option<Duration>,
+    /// Who holds it, in the holder's own words (host, pid, command, since
+    /// when), where the backend stores descriptions ([`Backend::describe`]).
+    pub description: Option<String>,
 }
 
 /// How long a dropped request may still land, unless a backend says otherwise.
@@ -88,6 +91,9 @@ pub struct Capabilities {
     /// token's hold for at least this long, so a late write leaves no
     /// orphan.
     pub late_write: Duration,
+    /// [`Backend::describe`] stores a holder description that `inspect`
+    /// and `list` return.
+    pub describe: bool,
 }
 
 impl Default for Capabilities {
@@ -108,7 +114,14 @@ impl Capabilities {
             max_key_len: crate::MAX_KEY_LEN,
             raise_fence: false,
             late_write: DEFAULT_LATE_WRITE,
+            describe: false,
         }
+    }
+
+    /// Declares [`Backend::describe`].
+    pub const fn with_describe(mut self) -> Self {
+        self.describe = true;
+        self
     }
 
     /// Declares how long a dropped request may still take effect.
@@ -265,6 +278,26 @@ pub trait Backend: Send + Sync + 'static {
             out.push(matches!(outcome, CasOutcome::Acquired { .. }));
         }
         Ok(out)
+    }
+
+    /// Stores `description` with the hold of `owner` on `key`, only if
+    /// `owner` holds it (owner-checked, as a renewal): a short text that
+    /// [`inspect`](Self::inspect) and [`list`](Self::list) return until the
+    /// hold ends. A new hold of the key starts with none. Returns whether
+    /// `owner` holds the key. Backends with [`Capabilities::describe`]
+    /// implement it; the manager checks the text first (at most
+    /// [`MAX_DESCRIPTION_LEN`](crate::MAX_DESCRIPTION_LEN) bytes, no control
+    /// characters).
+    async fn describe(
+        &self,
+        _key: &LockKey,
+        _owner: &Token,
+        _description: &str,
+    ) -> Result<bool, Error> {
+        Err(Error::Unsupported {
+            backend: self.name(),
+            what: "holder descriptions",
+        })
     }
 
     /// Makes every later fence of `key` greater than `floor`. Called while

@@ -40,7 +40,9 @@ pub(crate) fn spawn_release(
     };
     let backend = inner.backend.clone();
     let limit = inner.cfg.release_timeout + late_write.unwrap_or_default();
+    let ticket = crate::pending::Ticket::new();
     handle.spawn(async move {
+        let _ticket = ticket;
         let work = delete_until_gone(backend.as_ref(), &key, &token, late_write);
         if tokio::time::timeout(limit, work).await.is_err() {
             tracing::debug!(%key, "best-effort release timed out");

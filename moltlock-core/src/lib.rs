@@ -36,6 +36,8 @@ mod manager;
 mod memory;
 pub mod metrics;
 pub mod migrate;
+mod pending;
+mod redact;
 mod renew;
 mod retry;
 mod types;
@@ -49,5 +51,10 @@ pub use guard::LockGuard;
 pub use manager::{LockManager, LockManagerBuilder, LockOptions, LostEvent};
 pub use memory::MemoryBackend;
 pub use migrate::{MigratingBackend, Phase};
+pub use pending::{pending_cleanups, wait_for_cleanups};
+pub use redact::{redact, redact_error};
 pub use retry::RetryPolicy;
-pub use types::{check_ttl, Fence, LockKey, Token, MAX_KEY_LEN, MAX_TTL, MIN_TTL};
+pub use types::{
+    check_description, check_ttl, Fence, LockKey, Token, MAX_DESCRIPTION_LEN, MAX_KEY_LEN, MAX_TTL,
+    MIN_TTL,
+};

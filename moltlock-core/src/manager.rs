@@ -110,6 +110,7 @@ pub struct LockOptions {
     timeout: Option<Duration>,
     no_wait: bool,
     fair: bool,
+    description: Option<String>,
 }
 
 impl LockOptions {
@@ -133,6 +134,17 @@ impl LockOptions {
     /// Try once and return `None` when the key is held elsewhere.
     pub fn no_wait(mut self) -> Self {
         self.no_wait = true;
+        self
+    }
+
+    /// Store this description with the hold (host, pid, command, since
+    /// when: who holds it, for `inspect`, `list` and `moltlock status`),
+    /// where the backend stores descriptions
+    /// ([`Capabilities::describe`]); elsewhere it is left out. At most
+    /// [`MAX_DESCRIPTION_LEN`](crate::MAX_DESCRIPTION_LEN) bytes, no control
+    /// characters. Costs one more round trip after the acquisition.
+    pub fn description(mut self, text: impl Into<String>) -> Self {
+        self.description = Some(text.into());
         self
     }
 
@@ -394,6 +406,9 @@ impl LockManager {
         key.check_len(self.inner.caps.max_key_len)?;
         let ttl = opts.ttl.unwrap_or(self.inner.cfg.ttl);
         check_ttl(ttl, self.inner.caps.min_ttl)?;
+        if let Some(text) = &opts.description {
+            crate::check_description(text)?;
+        }
         let started = Instant::now();
         let fut = self.acquire_loop(&key, ttl, &opts, started);
         let outcome = match opts.timeout {
@@ -407,7 +422,26 @@ impl LockManager {
             None => fut.await,
         };
         metrics::acquire_outcome(self.inner.backend.name(), &outcome, started.elapsed());
+        if let (Ok(Some(guard)), Some(text)) = (&outcome, &opts.description) {
+            self.describe(guard, text).await;
+        }
         outcome
+    }
+
+    /// Stores the holder description, where the backend can; a failure only
+    /// costs the description.
+    async fn describe(&self, guard: &LockGuard, text: &str) {
+        if !self.inner.caps.describe {
+            return;
+        }
+        let done = self
+            .inner
+            .backend
+            .describe(guard.key(), guard.token(), text)
+            .await;
+        if let Err(e) = done {
+            tracing::debug!(key = %guard.key(), error = %e, "the holder description was not stored");
+        }
     }
 
     async fn acquire_loop(

@@ -17,6 +17,7 @@ struct Entry {
     holder: Token,
     fence: Fence,
     expires_at: Instant,
+    description: Option<String>,
 }
 
 #[derive(Default)]
@@ -76,17 +77,18 @@ impl Backend for MemoryBackend {
                 revision: None,
             }));
         }
-        let fence = match current {
-            Some(e) if &e.holder == new => e.fence,
+        let (fence, description) = match current {
+            Some(e) if &e.holder == new => (e.fence, e.description.clone()),
             _ => {
                 st.last_fence += 1;
-                Fence(st.last_fence)
+                (Fence(st.last_fence), None)
             }
         };
         let entry = Entry {
             holder: new.clone(),
             fence,
             expires_at: now + ttl,
+            description,
         };
         st.entries.insert(key.as_str().to_owned(), entry);
         Ok(CasOutcome::Acquired { fence })
@@ -113,6 +115,24 @@ impl Backend for MemoryBackend {
             .with_inspect()
             .with_batch_renew()
             .with_raise_fence()
+            .with_describe()
+    }
+
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        let mut st = self.lock();
+        let now = Instant::now();
+        if st.live(key.as_str(), now).map(|e| &e.holder) != Some(owner) {
+            return Ok(false);
+        }
+        if let Some(e) = st.entries.get_mut(key.as_str()) {
+            e.description = Some(description.to_owned());
+        }
+        Ok(true)
     }
 
     async fn raise_fence(&self, _key: &LockKey, floor: Fence) -> Result<(), Error> {
@@ -153,5 +173,6 @@ fn info(key: &str, e: &Entry, now: Instant) -> HolderInfo {
         holder: e.holder.clone(),
         fence: Some(e.fence),
         expires_in: Some(e.expires_at.saturating_duration_since(now)),
+        description: e.description.clone(),
     }
 }

@@ -283,6 +283,9 @@ impl Backend for MigratingBackend {
         if a.inspect {
             caps = caps.with_inspect();
         }
+        if a.describe {
+            caps = caps.with_describe();
+        }
         if a.batch_renew && b.batch_renew {
             caps = caps.with_batch_renew();
         }
@@ -342,6 +345,19 @@ impl Backend for MigratingBackend {
         let a = self.old.renew_many(items).await?;
         let b = self.new.renew_many(items).await?;
         Ok(a.iter().zip(&b).map(|(x, y)| *x && *y).collect())
+    }
+
+    /// In `Both`, on the old store (where `inspect` reads).
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        self.single()
+            .unwrap_or(&self.old)
+            .describe(key, owner, description)
+            .await
     }
 
     async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {

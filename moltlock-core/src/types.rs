@@ -10,6 +10,30 @@ use crate::Error;
 /// through [`Capabilities::max_key_len`](crate::Capabilities::max_key_len).
 pub const MAX_KEY_LEN: usize = 256;
 
+/// Longest holder description, in bytes (see
+/// [`Backend::describe`](crate::Backend::describe)).
+pub const MAX_DESCRIPTION_LEN: usize = 256;
+
+/// Checks a holder description: at most [`MAX_DESCRIPTION_LEN`] bytes, no
+/// control characters.
+///
+/// # Errors
+/// [`Error::Config`] saying what is wrong.
+pub fn check_description(text: &str) -> Result<(), Error> {
+    if text.len() > MAX_DESCRIPTION_LEN {
+        return Err(Error::Config(format!(
+            "the holder description is {} bytes; the limit is {MAX_DESCRIPTION_LEN}",
+            text.len()
+        )));
+    }
+    if let Some(c) = text.chars().find(|c| c.is_control()) {
+        return Err(Error::Config(format!(
+            "the holder description contains the control character {c:?}"
+        )));
+    }
+    Ok(())
+}
+
 /// Shortest TTL core accepts. Backends may declare a higher floor through
 /// [`Capabilities::min_ttl`](crate::Capabilities::min_ttl).
 pub const MIN_TTL: Duration = Duration::from_millis(10);

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use crate::config::EtcdConfig;
 use crate::error::{call, is_lease_not_found, map, timed_out, NAME};
 use crate::session::Session;
-use crate::watch::KeyWatch;
+use crate::watch::{KeyWatch, WatchHub};
 
 /// etcd's default limit of operations in one Txn is 128; batches stay below.
 const TXN_CHUNK: usize = 100;
@@ -29,6 +29,8 @@ const TXN_CHUNK: usize = 100;
 pub(crate) const QUEUE_MARK: &str = "\u{0}queue/";
 /// Marks the key holding a lock's fence offset (see [`Shared::offset_key`]).
 pub(crate) const OFFSET_MARK: &str = "\u{0}fence";
+/// Marks the key holding a hold's description, on the hold's own lease.
+pub(crate) const INFO_MARK: &str = "\u{0}info";
 
 /// A MoltLock backend on etcd v3.
 ///
@@ -49,6 +51,8 @@ pub(crate) struct Shared {
     pub(crate) timeout: Duration,
     pub(crate) min_ttl: Duration,
     pub(crate) wakeups: Arc<AtomicU64>,
+    /// The one watch stream every waiter of this backend shares.
+    pub(crate) watches: Arc<WatchHub>,
     /// Owner-checked deletes asked for but not confirmed (failed, timed out
     /// or dropped mid-request). Their keys hang on this session's lease,
     /// which further use of the session keeps alive, so every acquisition
@@ -106,6 +110,7 @@ impl EtcdBackend {
         )
         .await?;
         let session = Session::new(client.clone(), config.session_ttl, config.request_timeout);
+        let watches = Arc::new(WatchHub::new(client.clone(), config.request_timeout));
         Ok(Self {
             shared: Arc::new(Shared {
                 client,
@@ -114,6 +119,7 @@ impl EtcdBackend {
                 timeout: config.request_timeout,
                 min_ttl: config.session_ttl,
                 wakeups: Arc::new(AtomicU64::new(0)),
+                watches,
                 pending: std::sync::Mutex::new(HashMap::new()),
                 written: std::sync::Mutex::new(HashMap::new()),
             }),
@@ -148,6 +154,12 @@ impl EtcdBackend {
     /// release wakes one waiter, not a herd.
     pub fn watch_wakeups(&self) -> u64 {
         self.shared.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// How many watch streams this backend has opened (one, unless a stream
+    /// failed): every waiter shares one.
+    pub fn watch_streams_opened(&self) -> u64 {
+        self.shared.watches.streams_opened()
     }
 
     /// Ends the session: revokes its leases, so every hold it wrote vanishes
@@ -196,6 +208,11 @@ impl Shared {
         format!("{}{}{OFFSET_MARK}", self.prefix, key.as_str()).into_bytes()
     }
 
+    /// The key holding the description of `key`'s hold.
+    pub(crate) fn info_key(&self, key: &LockKey) -> Vec<u8> {
+        format!("{}{}{INFO_MARK}", self.prefix, key.as_str()).into_bytes()
+    }
+
     pub(crate) fn queue_prefix(&self, key: &LockKey) -> Vec<u8> {
         format!("{}{}{QUEUE_MARK}", self.prefix, key.as_str()).into_bytes()
     }
@@ -240,6 +257,7 @@ impl Shared {
                 .and_then([
                     TxnOp::put(k.clone(), token.as_str(), Some(put)),
                     TxnOp::get(self.offset_key(key), None),
+                    TxnOp::delete(self.info_key(key), None),
                 ])
                 .or_else([TxnOp::get(k.clone(), None)]);
             match self.txn(txn).await {
@@ -315,6 +333,7 @@ impl Shared {
                 TxnOp::put(k.clone(), new.as_str(), Some(put)),
                 TxnOp::get(k.clone(), None),
                 TxnOp::get(self.offset_key(key), None),
+                TxnOp::delete(self.info_key(key), None),
             ])
             .or_else([TxnOp::get(k.clone(), None)]);
         let resp = self.txn(txn).await.map_err(map)?;
@@ -380,7 +399,11 @@ impl Shared {
         let entry = self.queue_entry(key, owner);
         let txn = Txn::new()
             .when([Compare::value(k.clone(), CompareOp::Equal, owner.as_str())])
-            .and_then([TxnOp::delete(k, None), TxnOp::delete(entry.clone(), None)])
+            .and_then([
+                TxnOp::delete(k, None),
+                TxnOp::delete(entry.clone(), None),
+                TxnOp::delete(self.info_key(key), None),
+            ])
             .or_else([TxnOp::delete(entry, None)]);
         Ok(self.txn(txn).await.map_err(map)?.succeeded())
     }
@@ -538,7 +561,18 @@ impl Shared {
             // revision is the revision that gave it to its holder.
             fence: u64::try_from(kv.mod_revision()).ok().map(Fence),
             expires_in,
+            description: None,
         })
+    }
+
+    /// The description stored with `key`'s hold, if any.
+    pub(crate) async fn description(&self, key: &LockKey) -> Result<Option<String>, Error> {
+        let mut client = self.client.clone();
+        let resp = call("get", self.timeout, client.get(self.info_key(key), None)).await?;
+        Ok(resp
+            .kvs()
+            .first()
+            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
     }
 }
 
@@ -652,6 +686,7 @@ impl Backend for EtcdBackend {
             .with_batch_renew()
             .with_fair_queue()
             .with_raise_fence()
+            .with_describe()
             .with_min_ttl(self.shared.min_ttl)
             // A request the client gave up on may still be applied: a lock
             // key, or a fair-queue entry, that lands after the first
@@ -662,9 +697,8 @@ impl Backend for EtcdBackend {
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
         Ok(Some(Box::new(KeyWatch {
-            client: self.shared.client.clone(),
+            hub: self.shared.watches.clone(),
             key: self.shared.full_key(key),
-            timeout: self.shared.timeout,
             wakeups: self.shared.wakeups.clone(),
         })))
     }
@@ -694,7 +728,41 @@ impl Backend for EtcdBackend {
         info.fence = info
             .fence
             .map(|f| Fence(f.get().saturating_add(offset.unsigned_abs())));
+        info.description = self.shared.description(key).await?;
         Ok(Some(info))
+    }
+
+    /// Puts the description on the hold's own lease, in a Txn that checks
+    /// the token and the lease, so it ends with the hold.
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        let k = self.shared.full_key(key);
+        let mut client = self.shared.client.clone();
+        let resp = call("get", self.shared.timeout, client.get(k.clone(), None)).await?;
+        let Some(kv) = resp
+            .kvs()
+            .first()
+            .filter(|kv| kv.value() == owner.as_str().as_bytes())
+        else {
+            return Ok(false);
+        };
+        let lease = kv.lease();
+        let put = PutOptions::new().with_lease(lease);
+        let txn = Txn::new()
+            .when([
+                Compare::value(k.clone(), CompareOp::Equal, owner.as_str()),
+                Compare::lease(k, CompareOp::Equal, lease),
+            ])
+            .and_then([TxnOp::put(
+                self.shared.info_key(key),
+                description,
+                Some(put),
+            )]);
+        Ok(self.shared.txn(txn).await.map_err(map)?.succeeded())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
@@ -716,12 +784,18 @@ impl Backend for EtcdBackend {
             })
             .collect();
         let mut ttls = HashMap::new();
+        let mut descriptions = HashMap::new();
         let mut out = Vec::new();
         for kv in resp.kvs() {
             let name = String::from_utf8_lossy(kv.key());
             let Some(key) = name.strip_prefix(&self.shared.prefix) else {
                 continue;
             };
+            if let Some(held) = key.strip_suffix(INFO_MARK) {
+                let text = String::from_utf8_lossy(kv.value()).into_owned();
+                descriptions.insert(held.to_owned(), text);
+                continue;
+            }
             if key.contains(QUEUE_MARK) || key.contains(OFFSET_MARK) {
                 continue;
             }
@@ -735,6 +809,9 @@ impl Backend for EtcdBackend {
                     .map(|f| Fence(f.get().saturating_add(offset.unsigned_abs())));
             }
             out.push(info);
+        }
+        for info in &mut out {
+            info.description = descriptions.remove(&info.key);
         }
         Ok(out)
     }

@@ -81,7 +81,7 @@ async fn step(
 
 /// Watches `key` from `from` for at most `period`.
 async fn wait(shared: &Shared, key: &[u8], from: i64, period: Duration) -> Result<(), Error> {
-    let watch = next_event(&shared.client, key, from, shared.timeout);
+    let watch = next_event(&shared.watches, key, from);
     match tokio::time::timeout(period, watch).await {
         Ok(Ok(Wake::Event)) => {
             shared

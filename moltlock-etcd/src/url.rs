@@ -7,9 +7,12 @@ use moltlock_core::Error;
 use crate::config::{normalize_prefix, EtcdConfig, EtcdConfigBuilder};
 
 fn bad(url: &str, why: &str) -> Error {
-    // Never echo the URL itself: it may carry a password.
-    let scheme = url.split("://").next().unwrap_or("");
-    Error::Config(format!("etcd: bad URL (scheme {scheme:?}): {why}"))
+    // Never echo the URL itself: it may carry a password (even a malformed
+    // one such as `etcd:user:pw@host`, which has no `://`).
+    let scheme = url.split(':').next().unwrap_or("");
+    Error::Config(moltlock_core::redact(&format!(
+        "etcd: bad URL (scheme {scheme:?}): {why}"
+    )))
 }
 
 /// Parses a URL as documented on [`EtcdConfig::from_url`].

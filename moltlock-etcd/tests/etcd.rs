@@ -401,3 +401,53 @@ async fn bad_config_is_refused() {
     let shown = format!("{cfg:?}");
     assert!(!shown.contains("hunter2"), "{shown}");
 }
+
+/// Every waiter of a backend shares one watch stream: waits add and cancel
+/// watches on it, and open no stream of their own (a stream opened and
+/// reset per wait draws `ENHANCE_YOUR_CALM` from etcd under contention).
+/// Fair and plain waits both count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_share_one_watch_stream() -> TestResult {
+    let etcd = server()?;
+    let backend = open(&etcd.endpoints).await?;
+    let mgr = LockManager::builder(backend.clone())
+        .ttl(Duration::from_secs(5))
+        .retry(RetryPolicy::Fixed(Duration::from_secs(5)))
+        .build()?;
+    let k = key("one-stream");
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let (m, k) = (mgr.clone(), k.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let opts = match i % 2 {
+                    0 => LockOptions::new().fair(),
+                    _ => LockOptions::new(),
+                };
+                let g = m
+                    .acquire(&k, opts)
+                    .await?
+                    .ok_or(Error::Config("no guard".into()))?;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                g.release().await?;
+            }
+            Ok::<_, Error>(())
+        }));
+    }
+    let started = Instant::now();
+    for t in tasks {
+        t.await??;
+    }
+    assert!(
+        backend.watch_wakeups() > 0,
+        "no waiter was woken by a watch"
+    );
+    assert_eq!(backend.watch_streams_opened(), 1);
+    // 40 hand-offs by watch, not by the 5 s retry policy.
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    Ok(())
+}

@@ -16,7 +16,7 @@ use crate::conn::{self, Conn};
 use crate::error::{bad_reply, map, timed_out, NAME};
 use crate::keys::Layout;
 use crate::pubsub::Notifier;
-use crate::scripts::{self, ACQUIRE, INSPECT, RAISE, RELEASE, SWAP};
+use crate::scripts::{self, ACQUIRE, DESCRIBE, INSPECT, RAISE, RELEASE, SWAP};
 
 /// The shortest TTL this backend accepts.
 pub const MIN_TTL: Duration = Duration::from_millis(10);
@@ -27,6 +27,7 @@ const CAPABILITIES: Capabilities = Capabilities::new()
     .with_inspect()
     .with_batch_renew()
     .with_raise_fence()
+    .with_describe()
     .with_min_ttl(MIN_TTL)
     .with_max_key_len(moltlock_core::MAX_KEY_LEN);
 
@@ -162,17 +163,25 @@ impl RedisBackend {
     /// Renews in one pipelined round trip (single server).
     async fn renew_pipelined(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
         let layout = &self.inner.layout;
-        let keys: Vec<(String, String, String)> = items
+        let keys: Vec<(String, String, String, String)> = items
             .iter()
-            .map(|i| (layout.lock(&i.key), layout.fence(&i.key), millis(i.ttl)))
+            .map(|i| {
+                let k = &i.key;
+                (
+                    layout.lock(k),
+                    layout.fence(k),
+                    layout.info(k),
+                    millis(i.ttl),
+                )
+            })
             .collect();
         let keep = self.keep();
         let build = |by_source: bool| {
             let mut pipe = redis::pipe();
-            for (item, (lock, fence, ttl)) in items.iter().zip(&keys) {
+            for (item, (lock, fence, info, ttl)) in items.iter().zip(&keys) {
                 let token = item.token.as_str();
                 let args = [token, token, ttl, &keep];
-                pipe.add_command(SWAP.cmd(by_source, &[lock, fence], &args));
+                pipe.add_command(SWAP.cmd(by_source, &[lock, fence, info], &args));
             }
             pipe
         };
@@ -281,7 +290,8 @@ impl Backend for RedisBackend {
         self.check(key, ttl)?;
         let layout = &self.inner.layout;
         let (lock, fence, ttl) = (layout.lock(key), layout.fence(key), millis(ttl));
-        let keys = [lock.as_str(), fence.as_str()];
+        let info = layout.info(key);
+        let keys = [lock.as_str(), fence.as_str(), info.as_str()];
         let keep = self.keep();
         let sent_at = Instant::now();
         let reply: CasReply = match expected {
@@ -303,9 +313,9 @@ impl Backend for RedisBackend {
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
         key.check_len(CAPABILITIES.max_key_len)?;
         let layout = &self.inner.layout;
-        let (lock, channel) = (layout.lock(key), layout.channel(key));
+        let (lock, info, channel) = (layout.lock(key), layout.info(key), layout.channel(key));
         let done: i64 = self
-            .script(&RELEASE, &[&lock], &[owner.as_str(), &channel])
+            .script(&RELEASE, &[&lock, &info], &[owner.as_str(), &channel])
             .await?;
         Ok(done == 1)
     }
@@ -344,9 +354,13 @@ impl Backend for RedisBackend {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         key.check_len(CAPABILITIES.max_key_len)?;
         let layout = &self.inner.layout;
-        let (lock, fence) = (layout.lock(key), layout.fence(key));
-        let (holder, fence, pttl): (Option<String>, Option<String>, i64) =
-            self.script(&INSPECT, &[&lock, &fence], &[]).await?;
+        let (lock, fence, info) = (layout.lock(key), layout.fence(key), layout.info(key));
+        let (holder, fence, pttl, description): (
+            Option<String>,
+            Option<String>,
+            i64,
+            Option<String>,
+        ) = self.script(&INSPECT, &[&lock, &fence, &info], &[]).await?;
         let Some(holder) = holder else {
             return Ok(None);
         };
@@ -355,7 +369,23 @@ impl Backend for RedisBackend {
             holder: Token::from_stored(holder),
             fence: fence.and_then(|f| f.parse().ok()).map(Fence),
             expires_in: expires_in(pttl),
+            description,
         }))
+    }
+
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        key.check_len(CAPABILITIES.max_key_len)?;
+        let layout = &self.inner.layout;
+        let (lock, info) = (layout.lock(key), layout.info(key));
+        let done: i64 = self
+            .script(&DESCRIBE, &[&lock, &info], &[owner.as_str(), description])
+            .await?;
+        Ok(done == 1)
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {

@@ -380,7 +380,8 @@ impl RedisConfigBuilder {
 }
 
 fn bad(msg: impl Into<String>) -> Error {
-    Error::Config(msg.into())
+    // A message may quote part of a URL: never let a password through.
+    Error::Config(moltlock_core::redact(&msg.into()))
 }
 
 fn scheme(s: &str) -> Result<(bool, bool), Error> {

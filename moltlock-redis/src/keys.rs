@@ -32,6 +32,11 @@ impl Layout {
         format!("{}:fence", self.lock(key))
     }
 
+    /// The key holding the holder's description (same hash tag).
+    pub(crate) fn info(&self, key: &LockKey) -> String {
+        format!("{}:info", self.lock(key))
+    }
+
     /// The pub/sub channel a release is announced on (channel names are a
     /// namespace apart from keys).
     pub(crate) fn channel(&self, key: &LockKey) -> String {
@@ -118,6 +123,7 @@ mod tests {
             let stored = l.lock(&key);
             assert_eq!(l.caller_key(&stored).as_deref(), Some(k), "{stored}");
             assert_eq!(l.caller_key(&l.fence(&key)), None);
+            assert_eq!(l.caller_key(&l.info(&key)), None);
             let tag = &stored["moltlock:{".len()..stored.len() - 1];
             assert!(!tag.is_empty() && !tag.contains('}'));
         }

@@ -33,7 +33,7 @@ else
 end
 ";
 
-/// `KEYS`: lock, fence. `ARGV`: token, ttl ms, fence retention ms (0:
+/// `KEYS`: lock, fence, info. `ARGV`: token, ttl ms, fence retention ms (0:
 /// forever), restart quarantine ms (0: off). Takes a free key (SET NX PX in
 /// effect) and advances the fence; or reports the holder and its PTTL.
 ///
@@ -67,13 +67,14 @@ if q > 0 then
 end
 {ADVANCE_FENCE}
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
+redis.call('DEL', KEYS[3])
 return {{1, text, 0, clock}}
 "
     ))
 });
 
-/// `KEYS`: lock, fence. `ARGV`: expected, new, ttl ms, fence retention ms
-/// (0: forever). When `expected`
+/// `KEYS`: lock, fence, info. `ARGV`: expected, new, ttl ms, fence
+/// retention ms (0: forever). When `expected`
 /// holds the key: renews it (compare-and-PEXPIRE, same fence) if `new` is
 /// `expected`, else hands it to `new` with a new fence. Same reply as
 /// [`ACQUIRE`].
@@ -94,6 +95,7 @@ if cur ~= ARGV[1] then
 end
 if ARGV[2] == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', KEYS[3], ttl)
   if keep > 0 then
     redis.call('PEXPIRE', KEYS[2], math.max(keep, ttl))
   end
@@ -101,18 +103,20 @@ if ARGV[2] == ARGV[1] then
 end
 {ADVANCE_FENCE}
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
+redis.call('DEL', KEYS[3])
 return {{1, text, 0, clock}}
 "
     ))
 });
 
-/// `KEYS`: lock. `ARGV`: token, channel. Compare-and-DEL, then announces the
-/// release. Reply: 1 if deleted, else 0.
+/// `KEYS`: lock, info. `ARGV`: token, channel. Compare-and-DEL (the
+/// description goes with the hold), then announces the release. Reply: 1 if
+/// deleted, else 0.
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[2])
   redis.call('PUBLISH', ARGV[2], 'released')
   return 1
 end
@@ -138,15 +142,36 @@ return 1
     )
 });
 
-/// `KEYS`: lock, fence. Reply: `{holder, fence, pttl}` (nils when free).
+/// `KEYS`: lock, fence, info. Reply: `{holder, fence, pttl, description}`
+/// (nils when free).
 pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 local cur = redis.call('GET', KEYS[1])
 if not cur then
-  return {false, false, -2}
+  return {false, false, -2, false}
 end
-return {cur, redis.call('GET', KEYS[2]), redis.call('PTTL', KEYS[1])}
+return {cur, redis.call('GET', KEYS[2]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[3])}
+"
+        .to_owned(),
+    )
+});
+
+/// `KEYS`: lock, info. `ARGV`: token, description. Stores the description
+/// for the hold's time left, only if `token` holds the lock (renewals then
+/// extend it with the lock; a new hold deletes it). Reply: 1 if stored.
+pub(crate) static DESCRIBE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local left = redis.call('PTTL', KEYS[1])
+if left <= 0 then
+  return 0
+end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', left)
+return 1
 "
         .to_owned(),
     )

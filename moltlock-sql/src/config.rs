@@ -197,22 +197,11 @@ pub fn check_ident(name: &str, what: &str) -> Result<(), Error> {
     )))
 }
 
-/// The URL with any password replaced by `***`.
+/// The URL with its user information and any password-like query parameter
+/// (`?password=…`) replaced by `***`: [`moltlock_core::redact`], the one
+/// rule every parser and error path uses.
 pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let Some((userinfo, host)) = authority.rsplit_once('@') else {
-        return url.to_owned();
-    };
-    let user = userinfo.split(':').next().unwrap_or_default();
-    if userinfo.contains(':') {
-        format!("{scheme}://{user}:***@{host}{tail}")
-    } else {
-        url.to_owned()
-    }
+    moltlock_core::redact(url)
 }
 
 #[cfg(test)]
@@ -260,8 +249,11 @@ mod tests {
         let cfg = SqlConfig::new("postgres://app:s3cret@db:5432/locks?sslmode=require");
         let shown = format!("{cfg:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
-        assert!(shown.contains("app:***@db:5432/locks"), "{shown}");
+        assert!(shown.contains("postgres://***@db:5432/locks"), "{shown}");
+        let cfg = SqlConfig::new("postgres://db/locks?user=app&password=s3cret");
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
         assert_eq!(redact("sqlite://./x.db"), "sqlite://./x.db");
-        assert_eq!(redact("mysql://root@h/db"), "mysql://root@h/db");
+        assert_eq!(redact("mysql://root:pw@h/db"), "mysql://***@h/db");
     }
 }

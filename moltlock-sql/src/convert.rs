@@ -57,13 +57,14 @@ pub(crate) fn pool_options<DB: Database>(cfg: &SqlConfig) -> sqlx::pool::PoolOpt
         .acquire_timeout(cfg.acquire_timeout)
 }
 
-/// A hold from a row of `(key, owner, fence, ms left)`.
+/// A hold from a row of `(key, owner, fence, ms left, description)`.
 #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 pub(crate) fn holder_info<'r, R>(row: &'r R) -> Result<HolderInfo, sqlx::Error>
 where
     R: Row,
     usize: ColumnIndex<R>,
     String: Decode<'r, R::Database> + Type<R::Database>,
+    Option<String>: Decode<'r, R::Database>,
     i64: Decode<'r, R::Database> + Type<R::Database>,
 {
     Ok(HolderInfo {
@@ -71,6 +72,7 @@ where
         holder: Token::from_stored(row.try_get::<String, _>(1)?),
         fence: Some(fence(row.try_get(2)?)),
         expires_in: left_ms(row.try_get(3)?),
+        description: row.try_get(4)?,
     })
 }
 

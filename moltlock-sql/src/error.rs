@@ -5,7 +5,15 @@ use moltlock_core::Error;
 /// Maps a database error. Connection trouble is retryable; credentials and
 /// privileges are permanent `Auth` errors; serialization failures, deadlocks
 /// and busy databases are retryable `Store` errors.
+///
+/// Every message goes through [`moltlock_core::redact`]: a server may echo
+/// part of a mistyped URL (`postgres:/user:pw@host/db` makes `user:pw@host/db`
+/// a database name), and no password may reach a log.
 pub(crate) fn map(backend: &'static str, e: sqlx::Error) -> Error {
+    moltlock_core::redact_error(map_unredacted(backend, e))
+}
+
+fn map_unredacted(backend: &'static str, e: sqlx::Error) -> Error {
     match e {
         sqlx::Error::Configuration(msg) => Error::Config(format!("{backend}: {msg}")),
         sqlx::Error::Io(_)

@@ -61,6 +61,8 @@ use crate::{Expiry, SqlConfig};
 
 const NAME: &str = "mysql";
 const NOW: &str = "UTC_TIMESTAMP(6)";
+/// The holder description column (256 bytes of UTF-8 at most).
+const INFO_COL: &str = "info VARCHAR(256) CHARACTER SET utf8mb4 NULL";
 const MICROS: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
 /// An owner parameter compared byte for byte: the `owner` column has the
 /// table's default collation, which ignores case (and trailing spaces) on
@@ -94,6 +96,10 @@ struct Statements {
     list: String,
     raise: String,
     sweep: String,
+    describe: String,
+    /// Whether the table has the `info` column (tables made before it).
+    has_info: String,
+    add_info: String,
     ddl: Vec<String>,
 }
 
@@ -125,10 +131,11 @@ impl Statements {
                  fence = IF({free}, LAST_INSERT_ID(GREATEST(fence + 1, VALUES(fence))), \
                  fence + LAST_INSERT_ID(0)), \
                  acquired_at = IF({free}, VALUES(acquired_at), acquired_at), \
+                 info = IF({free}, NULL, info), \
                  expires_at = IF({free}, VALUES(expires_at), expires_at)"
             ),
             read: format!(
-                "SELECT lock_key, owner, fence, {left} FROM {t} \
+                "SELECT lock_key, owner, fence, {left}, info FROM {t} \
                  WHERE lock_key = ? AND expires_at > {NOW}"
             ),
             renew: format!(
@@ -138,7 +145,7 @@ impl Statements {
             ),
             transfer: format!(
                 "UPDATE {t} SET fence = LAST_INSERT_ID(GREATEST(fence + 1, {MICROS}, {floor})), owner = ?, \
-                 acquired_at = {NOW}, \
+                 acquired_at = {NOW}, info = NULL, \
                  expires_at = {NOW} + INTERVAL ? MICROSECOND \
                  WHERE lock_key = ? AND owner = {EXACT} AND expires_at > {NOW}"
             ),
@@ -148,9 +155,17 @@ impl Statements {
                 "UPDATE {t} SET expires_at = {NOW} \
                  WHERE lock_key = ? AND owner = {EXACT} AND expires_at > {NOW}"
             ),
+            describe: format!(
+                "UPDATE {t} SET info = ? WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
+            ),
+            has_info: format!(
+                "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() \
+                 AND TABLE_NAME = '{name}' AND COLUMN_NAME = 'info'"
+            ),
+            add_info: format!("ALTER TABLE {t} ADD COLUMN {INFO_COL}"),
             sweep: format!("DELETE FROM {t} WHERE expires_at < {NOW} - INTERVAL ? MICROSECOND"),
             list: format!(
-                "SELECT lock_key, owner, fence, {left} FROM {t} \
+                "SELECT lock_key, owner, fence, {left}, info FROM {t} \
                  WHERE LEFT(lock_key, CHAR_LENGTH(?)) = ? AND expires_at > {NOW} ORDER BY lock_key"
             ),
             raise: format!(
@@ -161,7 +176,8 @@ impl Statements {
                 format!(
                     "CREATE TABLE IF NOT EXISTS {t} ({key_col}, \
                      owner VARCHAR(128) NOT NULL, fence BIGINT UNSIGNED NOT NULL, \
-                     expires_at DATETIME(6) NOT NULL, acquired_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+                     expires_at DATETIME(6) NOT NULL, acquired_at DATETIME(6) NOT NULL, \
+                     {INFO_COL}) ENGINE=InnoDB"
                 ),
                 format!(
                     "CREATE TABLE IF NOT EXISTS {floors} ({key_col}, \
@@ -196,6 +212,7 @@ fn info(row: &MySqlRow) -> Result<HolderInfo, sqlx::Error> {
         holder: Token::from_stored(row.try_get::<String, _>(1)?),
         fence: Some(Fence(row.try_get::<u64, _>(2)?)),
         expires_in: left.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
+        description: row.try_get(4)?,
     })
 }
 
@@ -259,7 +276,23 @@ impl MySqlBackend {
                 .await
                 .map_err(|e| map(NAME, e))?;
         }
-        Ok(())
+        self.add_info_column().await.map_err(|e| map(NAME, e))
+    }
+
+    /// Adds the description column to a table made before it existed
+    /// (MySQL has no `ADD COLUMN IF NOT EXISTS`); a migration racing ours
+    /// that added it first is no error.
+    async fn add_info_column(&self) -> Result<(), sqlx::Error> {
+        let present: i64 = sqlx::query_scalar(&self.sql.has_info)
+            .fetch_one(&self.pool)
+            .await?;
+        if present > 0 {
+            return Ok(());
+        }
+        match sqlx::query(&self.sql.add_info).execute(&self.pool).await {
+            Err(sqlx::Error::Database(e)) if e.message().contains("Duplicate column") => Ok(()),
+            other => other.map(drop),
+        }
     }
 
     async fn read(&self, key: &LockKey) -> Result<Option<HolderInfo>, sqlx::Error> {
@@ -418,6 +451,29 @@ impl Backend for MySqlBackend {
             .with_inspect()
             .with_batch_renew()
             .with_raise_fence()
+            .with_describe()
+    }
+
+    /// MySQL counts rows changed, not matched: a description equal to the
+    /// stored one changes nothing, so a read tells whether `owner` holds.
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        let done = sqlx::query(&self.sql.describe)
+            .bind(description)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        if done.rows_affected() > 0 {
+            return Ok(true);
+        }
+        let held = self.read(key).await.map_err(|e| map(NAME, e))?;
+        Ok(held.is_some_and(|h| &h.holder == owner))
     }
 
     /// Records `floor` for the key; every later acquisition or transfer of

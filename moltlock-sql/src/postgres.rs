@@ -85,11 +85,23 @@ struct Statements {
     renew_many: String,
     raise: String,
     sweep: String,
+    describe: String,
     inspect: String,
     list: String,
     ddl: Vec<String>,
     /// The observed-expiry mode's statements.
     observed: bool,
+}
+
+/// Adds the description column to a table made before it existed. Checked
+/// first: `ALTER TABLE` takes the table's strongest lock even when it
+/// changes nothing.
+fn add_info_column(t: &str) -> String {
+    format!(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_attribute \
+         WHERE attrelid = '{t}'::regclass AND attname = 'info' AND NOT attisdropped) \
+         THEN ALTER TABLE {t} ADD COLUMN info text; END IF; END $$"
+    )
 }
 
 impl Statements {
@@ -123,8 +135,10 @@ impl Statements {
         let left = "(extract(epoch FROM expires_at - now()) * 1000)::bigint";
         ddl.push(format!(
             "CREATE {logged}TABLE IF NOT EXISTS {t} (\n    key text PRIMARY KEY,\n    owner text NOT NULL,\n    \
-             fence bigint NOT NULL,\n    expires_at timestamptz NOT NULL,\n    acquired_at timestamptz NOT NULL\n)"
+             fence bigint NOT NULL,\n    expires_at timestamptz NOT NULL,\n    acquired_at timestamptz NOT NULL,\n    \
+             info text\n)"
         ));
+        ddl.push(add_info_column(t));
         Self {
             // The new fence is drawn in the VALUES row before the conflict is
             // resolved, so a statement that waited on a row lock may carry an
@@ -134,7 +148,7 @@ impl Statements {
                 "WITH ins AS (INSERT INTO {t} AS l (key, owner, fence, expires_at, acquired_at) \
                  VALUES ($1, $2, nextval('{seq}'), now() + {ms}, now()) \
                  ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, \
-                 fence = GREATEST(l.fence + 1, EXCLUDED.fence), \
+                 fence = GREATEST(l.fence + 1, EXCLUDED.fence), info = NULL, \
                  expires_at = EXCLUDED.expires_at, acquired_at = EXCLUDED.acquired_at \
                  WHERE l.expires_at <= now() RETURNING fence) \
                  SELECT fence, NULL::text AS owner, NULL::bigint AS left_ms, {NOW_US} AS now_us \
@@ -147,7 +161,7 @@ impl Statements {
             ),
             transfer: format!(
                 "UPDATE {t} SET owner = $4, fence = GREATEST(fence + 1, nextval('{seq}')), \
-                 acquired_at = now(), expires_at = now() + {ms} \
+                 info = NULL, acquired_at = now(), expires_at = now() + {ms} \
                  WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence, {NOW_US}"
             ),
             // A release expires the row instead of deleting it, so the key's
@@ -175,11 +189,15 @@ impl Statements {
             sweep: format!(
                 "DELETE FROM {t} WHERE expires_at < now() - $1::bigint * interval '1 millisecond'"
             ),
+            describe: format!(
+                "UPDATE {t} SET info = $3 WHERE key = $1 AND owner = $2 AND expires_at > now()"
+            ),
             inspect: format!(
-                "SELECT key, owner, fence, {left} FROM {t} WHERE key = $1 AND expires_at > now()"
+                "SELECT key, owner, fence, {left}, info FROM {t} \
+                 WHERE key = $1 AND expires_at > now()"
             ),
             list: format!(
-                "SELECT key, owner, fence, {left} FROM {t} \
+                "SELECT key, owner, fence, {left}, info FROM {t} \
                  WHERE left(key, length($1)) = $1 AND expires_at > now() ORDER BY key"
             ),
             ddl,
@@ -195,15 +213,16 @@ impl Statements {
         ddl.push(format!(
             "CREATE {logged}TABLE IF NOT EXISTS {t} (\n    key text PRIMARY KEY,\n    owner text NOT NULL,\n    \
              fence bigint NOT NULL,\n    version bigint NOT NULL,\n    ttl_ms bigint NOT NULL,\n    \
-             acquired_at timestamptz NOT NULL\n)"
+             acquired_at timestamptz NOT NULL,\n    info text\n)"
         ));
+        ddl.push(add_info_column(t));
         Self {
             acquire: format!(
                 "WITH ins AS (INSERT INTO {t} AS l (key, owner, fence, version, ttl_ms, acquired_at) \
                  VALUES ($1, $2, nextval('{seq}'), 1, $3, now()) \
                  ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, \
                  fence = GREATEST(l.fence + 1, EXCLUDED.fence), version = l.version + 1, \
-                 ttl_ms = EXCLUDED.ttl_ms, acquired_at = EXCLUDED.acquired_at \
+                 ttl_ms = EXCLUDED.ttl_ms, acquired_at = EXCLUDED.acquired_at, info = NULL \
                  WHERE l.owner = '' OR (l.owner = $4 AND l.version = $5) RETURNING fence) \
                  SELECT fence, NULL::text AS owner, NULL::bigint AS version, NULL::bigint AS ttl_ms \
                  FROM ins UNION ALL SELECT NULL, owner, version, ttl_ms FROM {t} \
@@ -215,7 +234,7 @@ impl Statements {
             ),
             transfer: format!(
                 "UPDATE {t} SET owner = $4, fence = GREATEST(fence + 1, nextval('{seq}')), \
-                 version = version + 1, ttl_ms = $3, acquired_at = now() \
+                 version = version + 1, ttl_ms = $3, acquired_at = now(), info = NULL \
                  WHERE key = $1 AND owner = $2 RETURNING fence, {NOW_US}"
             ),
             delete: format!(
@@ -236,11 +255,12 @@ impl Statements {
             ),
             // No clock decides here, so nothing is swept by age.
             sweep: "SELECT $1::bigint WHERE false".to_owned(),
+            describe: format!("UPDATE {t} SET info = $3 WHERE key = $1 AND owner = $2 AND owner <> ''"),
             inspect: format!(
-                "SELECT key, owner, fence, NULL::bigint FROM {t} WHERE key = $1 AND owner <> ''"
+                "SELECT key, owner, fence, NULL::bigint, info FROM {t} WHERE key = $1 AND owner <> ''"
             ),
             list: format!(
-                "SELECT key, owner, fence, NULL::bigint FROM {t} \
+                "SELECT key, owner, fence, NULL::bigint, info FROM {t} \
                  WHERE left(key, length($1)) = $1 AND owner <> '' ORDER BY key"
             ),
             ddl,
@@ -580,6 +600,7 @@ impl Backend for PostgresBackend {
             .with_inspect()
             .with_batch_renew()
             .with_raise_fence()
+            .with_describe()
             .with_min_ttl(Duration::from_millis(10))
     }
 
@@ -607,6 +628,22 @@ impl Backend for PostgresBackend {
             .await
             .map_err(|e| map(NAME, e))?;
         Ok(())
+    }
+
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        let done = sqlx::query(&self.inner.sql.describe)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .bind(description)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(done.rows_affected() > 0)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {

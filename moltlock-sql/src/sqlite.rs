@@ -60,8 +60,12 @@ struct Statements {
     transfer: String,
     delete: String,
     raise: String,
+    describe: String,
     inspect: String,
     list: String,
+    /// Whether the table has the `info` column (tables made before it).
+    has_info: String,
+    add_info: String,
     ddl: Vec<String>,
     /// The observed-expiry mode's statements.
     observed: bool,
@@ -112,7 +116,8 @@ impl Statements {
         let next = next_fence(seq);
         let mut ddl = vec![format!(
             "CREATE TABLE IF NOT EXISTS {t} (key TEXT PRIMARY KEY, owner TEXT NOT NULL, \
-             fence INTEGER NOT NULL, expires_at INTEGER NOT NULL, acquired_at INTEGER NOT NULL)"
+             fence INTEGER NOT NULL, expires_at INTEGER NOT NULL, acquired_at INTEGER NOT NULL, \
+             info TEXT)"
         )];
         ddl.extend(Self::counter_ddl(name, seq));
         Self {
@@ -120,7 +125,7 @@ impl Statements {
                 "INSERT INTO {t} (key, owner, fence, expires_at, acquired_at) \
                  VALUES (?1, ?2, {next}, {NOW} + ?3, {NOW}) \
                  ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, \
-                 expires_at = excluded.expires_at, acquired_at = excluded.acquired_at \
+                 expires_at = excluded.expires_at, acquired_at = excluded.acquired_at, info = NULL \
                  WHERE {t}.expires_at <= {NOW} RETURNING fence"
             ),
             holder: format!("SELECT owner, expires_at - {NOW} FROM {t} WHERE key = ?1"),
@@ -133,19 +138,24 @@ impl Statements {
                  WHERE expires_at > {NOW} AND (key, owner) IN (VALUES"
             ),
             transfer: format!(
-                "UPDATE {t} SET owner = ?4, fence = {next}, acquired_at = {NOW}, expires_at = {NOW} + ?3 \
-                 WHERE key = ?1 AND owner = ?2 AND expires_at > {NOW} RETURNING fence"
+                "UPDATE {t} SET owner = ?4, fence = {next}, acquired_at = {NOW}, expires_at = {NOW} + ?3, \
+                 info = NULL WHERE key = ?1 AND owner = ?2 AND expires_at > {NOW} RETURNING fence"
             ),
             delete: format!("DELETE FROM {t} WHERE key = ?1 AND owner = ?2 AND expires_at > {NOW}"),
             raise: format!("UPDATE {seq} SET value = max(value, ?1) WHERE id = 1"),
+            describe: format!(
+                "UPDATE {t} SET info = ?3 WHERE key = ?1 AND owner = ?2 AND expires_at > {NOW}"
+            ),
             inspect: format!(
-                "SELECT key, owner, fence, expires_at - {NOW} FROM {t} \
+                "SELECT key, owner, fence, expires_at - {NOW}, info FROM {t} \
                  WHERE key = ?1 AND expires_at > {NOW}"
             ),
             list: format!(
-                "SELECT key, owner, fence, expires_at - {NOW} FROM {t} \
+                "SELECT key, owner, fence, expires_at - {NOW}, info FROM {t} \
                  WHERE substr(key, 1, length(?1)) = ?1 AND expires_at > {NOW} ORDER BY key"
             ),
+            has_info: format!("SELECT count(*) FROM pragma_table_info('{name}') WHERE name = 'info'"),
+            add_info: format!("ALTER TABLE {t} ADD COLUMN info TEXT"),
             ddl,
             observed: false,
         }
@@ -161,7 +171,7 @@ impl Statements {
         let mut ddl = vec![format!(
             "CREATE TABLE IF NOT EXISTS {t} (key TEXT PRIMARY KEY, owner TEXT NOT NULL, \
              fence INTEGER NOT NULL, version INTEGER NOT NULL, ttl_ms INTEGER NOT NULL, \
-             acquired_at INTEGER NOT NULL)"
+             acquired_at INTEGER NOT NULL, info TEXT)"
         )];
         ddl.extend(Self::counter_ddl(name, seq));
         Self {
@@ -170,7 +180,7 @@ impl Statements {
                  VALUES (?1, ?2, {next}, 1, ?3, {NOW}) \
                  ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, \
                  version = {t}.version + 1, ttl_ms = excluded.ttl_ms, \
-                 acquired_at = excluded.acquired_at \
+                 acquired_at = excluded.acquired_at, info = NULL \
                  WHERE {t}.owner = '' OR ({t}.owner = ?4 AND {t}.version = ?5) RETURNING fence"
             ),
             holder: format!(
@@ -186,20 +196,27 @@ impl Statements {
             ),
             transfer: format!(
                 "UPDATE {t} SET owner = ?4, fence = {next}, version = version + 1, ttl_ms = ?3, \
-                 acquired_at = {NOW} WHERE key = ?1 AND owner = ?2 RETURNING fence"
+                 acquired_at = {NOW}, info = NULL WHERE key = ?1 AND owner = ?2 RETURNING fence"
             ),
             delete: format!(
                 "UPDATE {t} SET owner = '', version = version + 1 \
                  WHERE key = ?1 AND owner = ?2 AND owner <> ''"
             ),
             raise: format!("UPDATE {seq} SET value = max(value, ?1) WHERE id = 1"),
+            describe: format!(
+                "UPDATE {t} SET info = ?3 WHERE key = ?1 AND owner = ?2 AND owner <> ''"
+            ),
             inspect: format!(
-                "SELECT key, owner, fence, NULL FROM {t} WHERE key = ?1 AND owner <> ''"
+                "SELECT key, owner, fence, NULL, info FROM {t} WHERE key = ?1 AND owner <> ''"
             ),
             list: format!(
-                "SELECT key, owner, fence, NULL FROM {t} \
+                "SELECT key, owner, fence, NULL, info FROM {t} \
                  WHERE substr(key, 1, length(?1)) = ?1 AND owner <> '' ORDER BY key"
             ),
+            has_info: format!(
+                "SELECT count(*) FROM pragma_table_info('{name}') WHERE name = 'info'"
+            ),
+            add_info: format!("ALTER TABLE {t} ADD COLUMN info TEXT"),
             ddl,
             observed: true,
         }
@@ -296,6 +313,18 @@ impl SqliteBackend {
             .map_err(|e| map(NAME, e))?;
         for stmt in &self.sql.ddl {
             sqlx::query(stmt)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| map(NAME, e))?;
+        }
+        // Tables made before descriptions existed (inside the same write
+        // transaction, so two processes cannot both add the column).
+        let has_info: i64 = sqlx::query_scalar(&self.sql.has_info)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        if has_info == 0 {
+            sqlx::query(&self.sql.add_info)
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| map(NAME, e))?;
@@ -475,9 +504,26 @@ impl Backend for SqliteBackend {
             .with_inspect()
             .with_batch_renew()
             .with_raise_fence()
+            .with_describe()
             // A statement queued behind another writer lands up to the busy
             // timeout after its future was dropped.
             .with_late_write(BUSY_TIMEOUT + Duration::from_secs(1))
+    }
+
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        let done = sqlx::query(&self.sql.describe)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .bind(description)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(done.rows_affected() > 0)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {

@@ -80,7 +80,7 @@ impl Store {
             _ => Err(Error::Config(format!(
                 "unknown lock store URL {:?}: use etcd://, etcds://, redis://, rediss://, \
                  redis+cluster://, postgres://, sqlite:// or mysql://",
-                moltlock_sql_free_redact(url)
+                redact(url)
             ))),
         }
     }
@@ -119,17 +119,10 @@ impl Store {
 }
 
 /// The URL with any user information (and so any password) hidden, for
-/// messages and listings.
+/// messages and listings: [`redact`] (one rule for well-formed and
+/// malformed URLs alike).
 pub fn redact_url(url: &str) -> String {
-    moltlock_sql_free_redact(url)
-}
-
-/// The URL with any password replaced, for messages.
-fn moltlock_sql_free_redact(url: &str) -> String {
-    match (url.split_once("://"), url.rfind('@')) {
-        (Some((scheme, _)), Some(at)) => format!("{scheme}://***{}", &url[at..]),
-        _ => url.to_owned(),
-    }
+    redact(url)
 }
 
 /// A migration URL taken apart: the phase, the old store's URL and the new
@@ -177,7 +170,28 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, Error> {
     if !store.compiled_in() {
         return Err(store.missing());
     }
-    open(store, url).await
+    check_authority(store, url)?;
+    open(store, url).await.map_err(redact_error)
+}
+
+/// A network store's URL must name its server after `scheme://`: a URL such
+/// as `postgres:/user:pw@host/db` would otherwise reach a default server with
+/// the rest taken as a path (a database name the server then echoes back).
+fn check_authority(store: Store, url: &str) -> Result<(), Error> {
+    if matches!(store, Store::Sqlite | Store::Migrate) {
+        return Ok(());
+    }
+    let Some((scheme, rest)) = url.split_once(':') else {
+        return Ok(());
+    };
+    if rest.starts_with("//") && !rest.starts_with("///") {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "a {scheme} URL names its server: {scheme}://[user[:password]@]host[:port]/…, \
+         not {:?}",
+        redact(url)
+    )))
 }
 
 /// A [`LockManager`] with default settings over the store a URL names.
@@ -265,6 +279,26 @@ mod tests {
         assert!(matches!(err, Error::Config(_)));
         assert!(!err.to_string().contains("hunter2"), "{err}");
         assert!(Store::of("no scheme at all").is_err());
+    }
+
+    #[test]
+    fn network_urls_must_name_a_server() {
+        for bad in [
+            "postgres:/u:PW@h/x",
+            "mysql:/u:PW@h/x",
+            "etcd:u:PW@h:2379",
+            "redis:///x",
+        ] {
+            let store = Store::of(bad).unwrap();
+            let err = check_authority(store, bad).unwrap_err();
+            assert!(!err.to_string().contains("PW"), "{err}");
+        }
+        for good in ["postgres://u@h/x", "sqlite:x.db", "sqlite:///tmp/x.db"] {
+            assert!(
+                check_authority(Store::of(good).unwrap(), good).is_ok(),
+                "{good}"
+            );
+        }
     }
 
     #[test]
