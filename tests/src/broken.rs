@@ -459,6 +459,7 @@ impl Flawed {
             } else {
                 e.expires_at.saturating_duration_since(now)
             }),
+            description: None,
         }
     }
 

@@ -125,6 +125,16 @@ impl Backend for Partition {
         self.inner.raise_fence(key, floor).await
     }
 
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        self.gate().await;
+        self.inner.describe(key, owner, description).await
+    }
+
     async fn fair_acquire(
         &self,
         key: &LockKey,
@@ -324,6 +334,15 @@ impl Backend for Delay {
         self.inner.raise_fence(key, floor).await
     }
 
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        self.inner.describe(key, owner, description).await
+    }
+
     async fn fair_acquire(
         &self,
         key: &LockKey,
@@ -426,6 +445,15 @@ impl Backend for Duplicating {
 
     async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
         self.inner.raise_fence(key, floor).await
+    }
+
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        self.inner.describe(key, owner, description).await
     }
 
     async fn fair_acquire(
