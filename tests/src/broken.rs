@@ -102,6 +102,11 @@ pub enum Flaw {
     KeyTruncated,
     /// A refused `cas` names the caller as the holder.
     HeldEchoesCaller,
+    /// `describe` stores the text whoever asks.
+    DescribeIgnoresOwner,
+    /// Descriptions live in a table of their own that nothing clears: a
+    /// new hold reports the old hold's.
+    DescriptionOutlivesHold,
     /// A request whose caller went away lands 5.3 s later (a client that
     /// re-sends queued requests after the caller is gone), past the few
     /// seconds the manager keeps cleaning up after a cancelled acquisition.
@@ -147,6 +152,8 @@ impl Flaw {
         Flaw::KeyCaseInsensitive,
         Flaw::KeyTruncated,
         Flaw::HeldEchoesCaller,
+        Flaw::DescribeIgnoresOwner,
+        Flaw::DescriptionOutlivesHold,
         Flaw::LateLandingAfterCancel,
     ];
 }
@@ -160,6 +167,7 @@ struct Entry {
     fence: u64,
     expires_at: Instant,
     ttl: Duration,
+    description: Option<String>,
 }
 
 struct QueuePlace {
@@ -174,6 +182,8 @@ struct Store {
     fence: u64,
     fair_fence: u64,
     queues: HashMap<String, VecDeque<QueuePlace>>,
+    /// Descriptions kept apart from the holds (a flaw).
+    descriptions: HashMap<String, String>,
 }
 
 /// What one client (one handle) keeps for itself.
@@ -352,6 +362,10 @@ impl Flawed {
         }
         let renewal = expected.is_some_and(|x| self.same(x, new));
         let old = entry.filter(|_| expected.is_some() || revive);
+        let kept = old
+            .as_ref()
+            .filter(|_| renewal)
+            .and_then(|e| e.description.clone());
         let (holder, fence, expires_at) = match (expected, old) {
             (Some(_), Some(e)) if renewal => {
                 let until = if self.has(Flaw::RenewalAddsTtl) {
@@ -382,6 +396,7 @@ impl Flawed {
                 fence,
                 expires_at,
                 ttl,
+                description: kept,
             },
         );
         CasOutcome::Acquired {
@@ -459,7 +474,11 @@ impl Flawed {
             } else {
                 e.expires_at.saturating_duration_since(now)
             }),
-            description: None,
+            description: if self.has(Flaw::DescriptionOutlivesHold) {
+                st.descriptions.get(key).cloned()
+            } else {
+                e.description.clone()
+            },
         }
     }
 
@@ -500,6 +519,7 @@ impl Flawed {
                 fence,
                 expires_at,
                 ttl,
+                description: None,
             },
         );
         if let Some(q) = st.queues.get_mut(&nk) {
@@ -643,6 +663,31 @@ impl Backend for Flawed {
             .with_batch_renew()
             .with_fair_queue()
             .with_raise_fence()
+            .with_describe()
+    }
+
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        let now = Instant::now();
+        let nk = self.norm(key.as_str());
+        let mut st = self.store();
+        let ignore_owner = self.has(Flaw::DescribeIgnoresOwner);
+        let ours = st
+            .entries
+            .get(&nk)
+            .is_some_and(|e| self.alive(e, now) && (ignore_owner || self.same(&e.holder, owner)));
+        if !ours {
+            return Ok(false);
+        }
+        if let Some(e) = st.entries.get_mut(&nk) {
+            e.description = Some(description.to_owned());
+        }
+        st.descriptions.insert(nk, description.to_owned());
+        Ok(true)
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {

@@ -128,6 +128,11 @@ pub const ALL: &[Case] = &[
     ),
     case!(raise_fence_lifts_later_fences, "5 fencing", RaiseFence),
     case!(raise_fence_is_a_max, "5 fencing", RaiseFence),
+    case!(
+        descriptions_belong_to_their_hold,
+        "2 owner checks",
+        Describe
+    ),
 ];
 
 fn err(e: Error) -> String {

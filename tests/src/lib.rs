@@ -45,7 +45,7 @@
 //! skips, not a way to silence a failing case: a listed capability's cases
 //! can only be skipped because the backend itself says it lacks them. The
 //! names are [`Need`]'s: `notifies_release`, `inspect`, `fair_queue`,
-//! `raise_fence`.
+//! `raise_fence`, `describe`.
 //!
 //! # Timing
 //!
@@ -149,15 +149,18 @@ pub enum Need {
     FairQueue,
     /// Raising fences ([`Capabilities::raise_fence`]).
     RaiseFence,
+    /// Holder descriptions ([`Capabilities::describe`]).
+    Describe,
 }
 
 impl Need {
     /// Every optional capability.
-    pub const ALL: [Need; 4] = [
+    pub const ALL: [Need; 5] = [
         Need::Notifications,
         Need::Inspect,
         Need::FairQueue,
         Need::RaiseFence,
+        Need::Describe,
     ];
 
     /// The name used in `conformance_tests!(…, without: [...])`, which is
@@ -168,6 +171,7 @@ impl Need {
             Need::Inspect => "inspect",
             Need::FairQueue => "fair_queue",
             Need::RaiseFence => "raise_fence",
+            Need::Describe => "describe",
         }
     }
 
@@ -178,6 +182,7 @@ impl Need {
             Need::Inspect => caps.inspect,
             Need::FairQueue => caps.fair_queue,
             Need::RaiseFence => caps.raise_fence,
+            Need::Describe => caps.describe,
         }
     }
 
@@ -188,6 +193,7 @@ impl Need {
             Need::Inspect => "the backend declares no inspect/list",
             Need::FairQueue => "the backend declares no fair queue",
             Need::RaiseFence => "the backend declares no raise_fence",
+            Need::Describe => "the backend declares no holder descriptions",
         }
     }
 }
@@ -378,10 +384,11 @@ macro_rules! conformance_tests {
     (@known inspect) => {};
     (@known fair_queue) => {};
     (@known raise_fence) => {};
+    (@known describe) => {};
     (@known $other:ident) => {
         compile_error!(concat!(
             "conformance_tests!: unknown capability `", stringify!($other),
-            "`; the optional ones are notifies_release, inspect, fair_queue and raise_fence"
+            "`; the optional ones are notifies_release, inspect, fair_queue, raise_fence and describe"
         ));
     };
     (@gate $f:expr; notifies_release; [$($w:ident)*]; $names:tt) => {
@@ -404,6 +411,11 @@ macro_rules! conformance_tests {
             { @ignored $f; "the backend declares no raise_fence"; $names };
             { @run $f; $names });
     };
+    (@gate $f:expr; describe; [$($w:ident)*]; $names:tt) => {
+        $crate::conformance_tests!(@find describe; [$($w)*];
+            { @ignored $f; "the backend declares no holder descriptions"; $names };
+            { @run $f; $names });
+    };
     (@find notifies_release; [notifies_release $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
         $crate::conformance_tests!($($yes)*);
     };
@@ -414,6 +426,9 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!($($yes)*);
     };
     (@find raise_fence; [raise_fence $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
+        $crate::conformance_tests!($($yes)*);
+    };
+    (@find describe; [describe $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
         $crate::conformance_tests!($($yes)*);
     };
     (@find $cap:ident; [$other:ident $($r:ident)*]; $yes:tt; $no:tt) => {
@@ -510,6 +525,9 @@ macro_rules! conformance_tests {
             raise_fence_lifts_later_fences,
             raise_fence_is_a_max
         ]);
+        $crate::conformance_tests!(@gate $factory; describe; [$($cap)*]; [
+            descriptions_belong_to_their_hold
+        ]);
 
         #[test]
         fn conformance_macro_stamps_every_case() {
@@ -541,7 +559,7 @@ macro_rules! conformance_tests {
                 "inspect_hides_expired_holds", "fair_queue_serves_in_arrival_order",
                 "fair_newcomer_does_not_barge", "fair_dropped_waiter_leaves_the_queue",
                 "fences_rise_across_fair_and_plain", "raise_fence_lifts_later_fences",
-                "raise_fence_is_a_max",
+                "raise_fence_is_a_max", "descriptions_belong_to_their_hold",
             ];
             let mut all: Vec<&str> = $crate::cases::ALL.iter().map(|c| c.name).collect();
             stamped.sort_unstable();

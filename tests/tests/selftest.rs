@@ -70,6 +70,8 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
         Flaw::KeyCaseInsensitive => &["keys_are_distinct_exactly"],
         Flaw::KeyTruncated => &["keys_are_distinct_exactly"],
         Flaw::HeldEchoesCaller => &["held_reply_names_the_real_holder"],
+        Flaw::DescribeIgnoresOwner => &["descriptions_belong_to_their_hold"],
+        Flaw::DescriptionOutlivesHold => &["descriptions_belong_to_their_hold"],
         Flaw::LateLandingAfterCancel => &["cancelled_acquires_leave_no_orphan"],
     }
 }
@@ -153,6 +155,8 @@ catches! {
     catches_case_insensitive_keys: KeyCaseInsensitive,
     catches_truncated_keys: KeyTruncated,
     catches_held_reply_naming_caller: HeldEchoesCaller,
+    catches_description_by_a_stranger: DescribeIgnoresOwner,
+    catches_description_outliving_its_hold: DescriptionOutlivesHold,
     catches_request_landing_after_cancel: LateLandingAfterCancel,
 }
 
@@ -241,7 +245,13 @@ async fn missing_capabilities_skip_their_cases() {
 
 #[tokio::test]
 async fn stamping_must_match_declared_capabilities() {
-    let all = ["notifies_release", "inspect", "fair_queue", "raise_fence"];
+    let all = [
+        "notifies_release",
+        "inspect",
+        "fair_queue",
+        "raise_fence",
+        "describe",
+    ];
     assert_eq!(check_stamping(bare(), &all).await, Ok(()));
     let err = check_stamping(bare(), &["inspect"]).await.unwrap_err();
     assert!(err.contains("fair_queue"), "{err}");
@@ -257,7 +267,7 @@ async fn stamping_must_match_declared_capabilities() {
 mod bare_backend {
     moltlock_conformance::conformance_tests!(
         super::bare(),
-        without: [notifies_release, inspect, fair_queue, raise_fence]
+        without: [notifies_release, inspect, fair_queue, raise_fence, describe]
     );
 }
 

@@ -289,3 +289,66 @@ pub async fn fair_dropped_waiter_leaves_the_queue(f: Factory) -> CaseResult {
     );
     Ok(Outcome::Passed)
 }
+
+/// A holder description is owner-checked (as a renewal), is what `inspect`
+/// and `list` report for its hold (where declared), and ends with the hold:
+/// a new hold of the key starts with none.
+pub async fn descriptions_belong_to_their_hold(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let other = f.open().await?;
+    let k = key("describe");
+    let lk = k.parse().map_err(err)?;
+    let (owner, _) = raw_acquire(&b, &k, LONG).await?;
+    let text = "host-a pid 42";
+    ensure!(
+        b.describe(&lk, &owner, text).await.map_err(err)?,
+        "the holder could not describe its hold"
+    );
+    ensure!(
+        !other
+            .describe(&lk, &Token::random(), "intruder")
+            .await
+            .map_err(err)?,
+        "a stranger's description of another's hold was accepted"
+    );
+    let inspect = b.capabilities().inspect;
+    if inspect {
+        let info = other.inspect(&lk).await.map_err(err)?;
+        let got = info.and_then(|i| i.description);
+        ensure!(
+            got.as_deref() == Some(text),
+            "inspect reports the description {got:?}, not the holder's {text:?}"
+        );
+        let listed = other.list(&k).await.map_err(err)?;
+        let got = listed
+            .into_iter()
+            .find(|i| i.key == k)
+            .and_then(|i| i.description);
+        ensure!(
+            got.as_deref() == Some(text),
+            "list reports the description {got:?}, not the holder's {text:?}"
+        );
+    }
+    ensure!(
+        b.delete(&lk, &owner).await.map_err(err)?,
+        "the holder could not release"
+    );
+    ensure!(
+        !b.describe(&lk, &owner, "late").await.map_err(err)?,
+        "a released hold could still be described"
+    );
+    let (next, _) = raw_acquire(&other, &k, LONG).await?;
+    if inspect {
+        let info = other.inspect(&lk).await.map_err(err)?;
+        let got = info.and_then(|i| i.description);
+        ensure!(
+            got.is_none(),
+            "a new hold of the key reports the old hold's description {got:?}"
+        );
+    }
+    ensure!(
+        other.delete(&lk, &next).await.map_err(err)?,
+        "the next holder could not release"
+    );
+    Ok(Outcome::Passed)
+}
