@@ -308,11 +308,14 @@ impl Shared {
             return Ok(CasOutcome::Held(Held::default()));
         }
         Ok(CasOutcome::Acquired {
-            fence: fence(kv.create_revision())?,
+            fence: fence(kv.mod_revision())?,
         })
     }
 
     /// Hands a hold from `old` to `new`: compare value == old, then put new.
+    /// The new holder's fence is the revision of that put (the key's mod
+    /// revision), above the old holder's: the key's create revision stays
+    /// the old holder's, so it cannot be the fence of a hand-over.
     async fn replace(
         &self,
         key: &LockKey,
@@ -338,7 +341,7 @@ impl Shared {
             Some(kv) if resp.succeeded() => {
                 self.record_write(k, new);
                 Ok(CasOutcome::Acquired {
-                    fence: fence(kv.create_revision().saturating_add(offset_in(&resp, 2)))?,
+                    fence: fence(kv.mod_revision().saturating_add(offset_in(&resp, 2)))?,
                 })
             }
             _ => Ok(CasOutcome::Held(held(&resp))),
@@ -554,7 +557,9 @@ impl Shared {
         Ok(HolderInfo {
             key,
             holder: Token::from_stored(String::from_utf8_lossy(kv.value())),
-            fence: u64::try_from(kv.create_revision()).ok().map(Fence),
+            // Only an acquisition or a hand-over writes the key, so its mod
+            // revision is the revision that gave it to its holder.
+            fence: u64::try_from(kv.mod_revision()).ok().map(Fence),
             expires_in,
             description: None,
         })
@@ -648,7 +653,7 @@ impl Backend for EtcdBackend {
     /// One Txn. `expected == None`: create the key on the session lease
     /// (fence = its create revision). `Some(t)` with `new == t`: renewal
     /// (compare value, keep the lease alive). `Some(a)`, `new == b`: compare
-    /// value == a, then put b. Cancel safe in the core's sense: a dropped
+    /// value == a, then put b (fence = that put's revision). Cancel safe in the core's sense: a dropped
     /// call may still land; the manager's owner-checked delete removes it.
     async fn cas(
         &self,
@@ -765,6 +770,19 @@ impl Backend for EtcdBackend {
         let full = format!("{}{prefix}", self.shared.prefix);
         let opts = GetOptions::new().with_prefix();
         let resp = call("get", self.shared.timeout, client.get(full, Some(opts))).await?;
+        // A key's fence offset (`<key>\0fence`) sorts right after the key
+        // and is in the same range: fences reported include it, as
+        // `inspect`'s do.
+        let offsets: HashMap<String, i64> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let name = String::from_utf8_lossy(kv.key());
+                let key = name.strip_prefix(&self.shared.prefix)?;
+                let key = key.strip_suffix(OFFSET_MARK)?;
+                Some((key.to_owned(), parse_offset(kv.value())))
+            })
+            .collect();
         let mut ttls = HashMap::new();
         let mut descriptions = HashMap::new();
         let mut out = Vec::new();
@@ -781,11 +799,16 @@ impl Backend for EtcdBackend {
             if key.contains(QUEUE_MARK) || key.contains(OFFSET_MARK) {
                 continue;
             }
-            out.push(
-                self.shared
-                    .holder_info(key.to_owned(), kv, &mut ttls)
-                    .await?,
-            );
+            let mut info = self
+                .shared
+                .holder_info(key.to_owned(), kv, &mut ttls)
+                .await?;
+            if let Some(offset) = offsets.get(key) {
+                info.fence = info
+                    .fence
+                    .map(|f| Fence(f.get().saturating_add(offset.unsigned_abs())));
+            }
+            out.push(info);
         }
         for info in &mut out {
             info.description = descriptions.remove(&info.key);

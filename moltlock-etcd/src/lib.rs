@@ -42,8 +42,10 @@
 //!   renewal round; otherwise the session's own use would keep the
 //!   orphaned key alive.
 //! - **Acquire**: `Txn(if create_revision(key) == 0 then put(key, token,
-//!   lease) else get(key))`. The fence is the key's create revision, which
-//!   grows with every acquisition, across clients and server restarts (etcd
+//!   lease) else get(key))`. The fence is the revision of the put that gave
+//!   the key to its holder (its create revision; for a hand-over
+//!   `cas(Some(a), b)`, the hand-over's own revision), which grows with every
+//!   acquisition, across clients and server restarts (etcd
 //!   revisions survive restarts with the data directory; restoring an older
 //!   snapshot or wiping the data breaks the order).
 //! - **Release**: `Txn(if value(key) == token then delete(key))`.

@@ -95,7 +95,7 @@ pub(crate) fn ttl_chunks(items: &[RenewItem], chunk: usize) -> Vec<(Duration, Ve
 }
 
 /// `(?, ?), (?, ?), …`: `n` placeholder pairs for `(key, owner)` values.
-#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) fn pair_placeholders(n: usize) -> String {
     vec!["(?, ?)"; n].join(", ")
 }

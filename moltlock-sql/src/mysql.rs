@@ -27,6 +27,12 @@
 //! Waiters poll by the retry policy, sleeping no longer than the holder's
 //! time left. Renewal takes one `UPDATE` and one read per 500 holds.
 //!
+//! Exactness: owner tokens are compared byte for byte (`CAST(? AS BINARY)`),
+//! whatever the table's collation. The key column's `utf8mb4_bin` collation
+//! pads with spaces, so a key that ends with a space is refused with
+//! [`Error::InvalidKey`] rather than taken as the same lock as the key
+//! without it.
+//!
 //! ```sql
 //! CREATE TABLE IF NOT EXISTS `moltlock_locks` (
 //!     lock_key VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
@@ -49,9 +55,7 @@ use sqlx::mysql::{MySqlPool, MySqlRow};
 use sqlx::MySql;
 use sqlx::Row;
 
-use crate::convert::{
-    self, mark_live, micros, pair_placeholders, pool_options, ttl_chunks, SweepCounter, RETENTION,
-};
+use crate::convert::{self, mark_live, micros, pool_options, ttl_chunks, SweepCounter, RETENTION};
 use crate::error::map;
 use crate::{Expiry, SqlConfig};
 
@@ -60,6 +64,24 @@ const NOW: &str = "UTC_TIMESTAMP(6)";
 /// The holder description column (256 bytes of UTF-8 at most).
 const INFO_COL: &str = "info VARCHAR(256) CHARACTER SET utf8mb4 NULL";
 const MICROS: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
+/// An owner parameter compared byte for byte: the `owner` column has the
+/// table's default collation, which ignores case (and trailing spaces) on
+/// MariaDB and MySQL alike, so a plain `owner = ?` would let a look-alike
+/// token renew or release a hold.
+const EXACT: &str = "CAST(? AS BINARY)";
+
+/// Refuses keys the key column cannot tell apart from others: its
+/// `utf8mb4_bin` collation pads with spaces, so `"a"` and `"a "` would be
+/// one lock.
+fn check_key(key: &LockKey) -> Result<(), Error> {
+    if key.as_str().ends_with(' ') {
+        return Err(Error::invalid_key(
+            key.as_str(),
+            "MySQL/MariaDB compare keys ignoring trailing spaces; a key may not end with a space",
+        ));
+    }
+    Ok(())
+}
 
 /// Holds renewed per statement: 500 `(key, owner)` pairs, 1,000 parameters.
 const RENEW_CHUNK: usize = 500;
@@ -119,19 +141,19 @@ impl Statements {
             renew: format!(
                 "UPDATE {t} SET fence = LAST_INSERT_ID(fence), \
                  expires_at = {NOW} + INTERVAL ? MICROSECOND \
-                 WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
+                 WHERE lock_key = ? AND owner = {EXACT} AND expires_at > {NOW}"
             ),
             transfer: format!(
                 "UPDATE {t} SET fence = LAST_INSERT_ID(GREATEST(fence + 1, {MICROS}, {floor})), owner = ?, \
                  acquired_at = {NOW}, info = NULL, \
                  expires_at = {NOW} + INTERVAL ? MICROSECOND \
-                 WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
+                 WHERE lock_key = ? AND owner = {EXACT} AND expires_at > {NOW}"
             ),
             // A release expires the row instead of deleting it, so the key's
             // next fence still counts up from its last one.
             delete: format!(
                 "UPDATE {t} SET expires_at = {NOW} \
-                 WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
+                 WHERE lock_key = ? AND owner = {EXACT} AND expires_at > {NOW}"
             ),
             describe: format!(
                 "UPDATE {t} SET info = ? WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
@@ -341,7 +363,7 @@ impl MySqlBackend {
         idx: &[usize],
         out: &mut [bool],
     ) -> Result<(), sqlx::Error> {
-        let pairs = pair_placeholders(idx.len());
+        let pairs = vec![format!("(?, {EXACT})"); idx.len()].join(", ");
         let t = &self.sql.table;
         let update = format!(
             "UPDATE {t} SET expires_at = {NOW} + INTERVAL ? MICROSECOND \
@@ -396,6 +418,7 @@ impl Backend for MySqlBackend {
         new: &Token,
         ttl: Duration,
     ) -> Result<CasOutcome, Error> {
+        check_key(key)?;
         let out = match expected {
             None => self.acquire(key, new, ttl).await,
             Some(expected) => self.update(key, expected, new, ttl).await,
@@ -404,6 +427,7 @@ impl Backend for MySqlBackend {
     }
 
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        check_key(key)?;
         let done = convert::delete_owned(&self.pool, &self.sql.delete, key, owner)
             .await
             .map_err(|e| map(NAME, e))?;
@@ -455,6 +479,7 @@ impl Backend for MySqlBackend {
     /// Records `floor` for the key; every later acquisition or transfer of
     /// it takes a fence above the highest floor recorded.
     async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+        check_key(key)?;
         sqlx::query(&self.sql.raise)
             .bind(key.as_str())
             .bind(floor.get())
@@ -476,6 +501,7 @@ impl Backend for MySqlBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        check_key(key)?;
         self.read(key).await.map_err(|e| map(NAME, e))
     }
 
@@ -486,9 +512,15 @@ impl Backend for MySqlBackend {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| map(NAME, e))?;
-        rows.iter()
+        let all: Vec<HolderInfo> = rows
+            .iter()
             .map(info)
             .collect::<Result<_, _>>()
-            .map_err(|e| map(NAME, e))
+            .map_err(|e| map(NAME, e))?;
+        // The padding collation also matches `"a"` for the prefix `"a "`.
+        Ok(all
+            .into_iter()
+            .filter(|i| i.key.starts_with(prefix))
+            .collect())
     }
 }

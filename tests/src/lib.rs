@@ -12,7 +12,8 @@
 //!         async move { Ok(b) }
 //!     })
 //! }
-//! moltlock_conformance::conformance_tests!(store());
+//! // MemoryBackend has every optional capability but the fair queue.
+//! moltlock_conformance::conformance_tests!(store(), without: [fair_queue]);
 //! # fn main() {}
 //! ```
 //!
@@ -22,6 +23,39 @@
 //! keys under its own random prefix, so cases run in parallel on one store.
 //! Capabilities a backend declares select the optional cases; a case whose
 //! capability is missing reports [`Outcome::Skipped`].
+//!
+//! # Skipped cases show as `ignored`
+//!
+//! libtest decides whether a test is ignored when the test is compiled, and a
+//! backend's [`Capabilities`](moltlock_core::Capabilities) are only known
+//! once it runs. So the backend says at stamping time which optional
+//! capabilities it lacks, and the macro stamps those cases
+//! `#[ignore = "…"]`:
+//!
+//! ```text
+//! moltlock_conformance::conformance_tests!(store(), without: [fair_queue, notifies_release]);
+//! ```
+//!
+//! `cargo test` then prints `test fair_queue_serves_in_arrival_order ... ignored,
+//! the backend declares no fair queue` and counts the case in the summary's
+//! `N ignored`. The list can never hide a case by mistake: the stamped test
+//! `conformance_capabilities_match_stamping` fails when the backend declares a
+//! capability the list says it lacks, and a case whose capability is missing
+//! but not listed fails (it does not pass as `ok`). These are capability
+//! skips, not a way to silence a failing case: a listed capability's cases
+//! can only be skipped because the backend itself says it lacks them. The
+//! names are [`Need`]'s: `notifies_release`, `inspect`, `fair_queue`,
+//! `raise_fence`, `describe`.
+//!
+//! # Timing
+//!
+//! Cases that wait and then assert run under a stall monitor ([`run_case`]):
+//! a ticker measures how late the runtime wakes it. A case that fails while
+//! the runtime stalled longer than [`STALL_LIMIT`], or that itself found a
+//! sleep woke too late to judge (its message starts with
+//! [`INCONCLUSIVE`]), is run again, up to [`ATTEMPTS`] times. A case that
+//! stays inconclusive fails with a message that says so: the suite never
+//! passes a case it could not judge, and never blames a backend for a stall.
 
 pub mod broken;
 pub mod cases;
@@ -33,9 +67,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use moltlock_core::{Backend, Error};
+use moltlock_core::{Backend, Capabilities, Error};
 
-pub use support::{FencedResource, OverlapDetector, Partition};
+pub use support::{Delay, Duplicating, FencedResource, OverlapDetector, Partition, StallMonitor};
 
 /// A boxed future, as the suite's functions return.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -104,26 +138,136 @@ pub enum Outcome {
 /// What every case returns: a failure is a message saying what broke.
 pub type CaseResult = Result<Outcome, String>;
 
+/// An optional capability a case needs; a backend without it skips the case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Need {
+    /// Release notifications ([`Capabilities::notifies_release`]).
+    Notifications,
+    /// `inspect` and `list` ([`Capabilities::inspect`]).
+    Inspect,
+    /// The fair queue ([`Capabilities::fair_queue`]).
+    FairQueue,
+    /// Raising fences ([`Capabilities::raise_fence`]).
+    RaiseFence,
+    /// Holder descriptions ([`Capabilities::describe`]).
+    Describe,
+}
+
+impl Need {
+    /// Every optional capability.
+    pub const ALL: [Need; 5] = [
+        Need::Notifications,
+        Need::Inspect,
+        Need::FairQueue,
+        Need::RaiseFence,
+        Need::Describe,
+    ];
+
+    /// The name used in `conformance_tests!(…, without: [...])`, which is
+    /// also the field of [`Capabilities`].
+    pub fn name(self) -> &'static str {
+        match self {
+            Need::Notifications => "notifies_release",
+            Need::Inspect => "inspect",
+            Need::FairQueue => "fair_queue",
+            Need::RaiseFence => "raise_fence",
+            Need::Describe => "describe",
+        }
+    }
+
+    /// Whether `caps` declares this capability.
+    pub fn declared(self, caps: &Capabilities) -> bool {
+        match self {
+            Need::Notifications => caps.notifies_release,
+            Need::Inspect => caps.inspect,
+            Need::FairQueue => caps.fair_queue,
+            Need::RaiseFence => caps.raise_fence,
+            Need::Describe => caps.describe,
+        }
+    }
+
+    /// Why a case that needs this is skipped.
+    pub fn missing(self) -> &'static str {
+        match self {
+            Need::Notifications => "the backend declares no release notifications",
+            Need::Inspect => "the backend declares no inspect/list",
+            Need::FairQueue => "the backend declares no fair queue",
+            Need::RaiseFence => "the backend declares no raise_fence",
+            Need::Describe => "the backend declares no holder descriptions",
+        }
+    }
+}
+
 /// One case of the suite, by name.
 #[derive(Clone, Copy)]
 pub struct Case {
     /// The case's name (also its test function's name).
     pub name: &'static str,
+    /// The point of the lock contract (`docs/CONTRACT.md`) the case proves.
+    pub point: &'static str,
+    /// The optional capability the case needs, if any.
+    pub needs: Option<Need>,
     /// Runs the case.
     pub run: fn(Factory) -> BoxFuture<CaseResult>,
 }
 
-/// The longest a case may take before it counts as failed.
+/// The case named `name`, if the suite has one.
+pub fn case_named(name: &str) -> Option<&'static Case> {
+    cases::ALL.iter().find(|c| c.name == name)
+}
+
+/// The longest one attempt at a case may take before it counts as failed.
 pub const CASE_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Runs one case with the suite's time limit.
+/// A runtime stall longer than this during a failed attempt makes the
+/// attempt inconclusive: the case is run again.
+pub const STALL_LIMIT: Duration = Duration::from_millis(150);
+
+/// How many attempts a case gets when its attempts are inconclusive.
+pub const ATTEMPTS: u32 = 3;
+
+/// The start of the message of a case that could not judge the backend
+/// because the test itself was held up.
+pub const INCONCLUSIVE: &str = "inconclusive: scheduler stall";
+
+/// Runs one case with the suite's time limit: skipped when the backend lacks
+/// the capability the case needs; run again (up to [`ATTEMPTS`] times) when
+/// an attempt was inconclusive (see the crate docs on timing).
 pub async fn run_case(case: &Case, factory: Factory) -> CaseResult {
-    match tokio::time::timeout(CASE_TIMEOUT, (case.run)(factory)).await {
-        Ok(r) => r,
-        Err(_) => Err(format!(
-            "{} did not finish within {CASE_TIMEOUT:?}",
-            case.name
-        )),
+    if let Some(need) = case.needs {
+        let b = factory.open().await?;
+        if !need.declared(&b.capabilities()) {
+            return Ok(Outcome::Skipped(need.missing().to_owned()));
+        }
+    }
+    let mut attempt = 1;
+    loop {
+        let monitor = StallMonitor::start();
+        let result = match tokio::time::timeout(CASE_TIMEOUT, (case.run)(factory.clone())).await {
+            Ok(r) => r,
+            Err(_) => Err(format!(
+                "{} did not finish within {CASE_TIMEOUT:?}",
+                case.name
+            )),
+        };
+        let stall = monitor.stop();
+        let msg = match result {
+            Err(msg) => msg,
+            ok => return ok,
+        };
+        let inconclusive = msg.starts_with(INCONCLUSIVE);
+        if !inconclusive && stall <= STALL_LIMIT {
+            return Err(msg);
+        }
+        if attempt >= ATTEMPTS {
+            if inconclusive {
+                return Err(format!("{msg} (in each of {ATTEMPTS} attempts)"));
+            }
+            return Err(format!(
+                "{msg} (the runtime stalled up to {stall:?} during the attempt)"
+            ));
+        }
+        attempt += 1;
     }
 }
 
@@ -136,8 +280,57 @@ pub async fn run_all(factory: Factory) -> Vec<(&'static str, CaseResult)> {
     out
 }
 
-/// Runs a case in a test and panics with its message if it failed.
+/// Runs every case, at most `parallel` at once, and returns each result in
+/// the order of [`cases::ALL`].
+pub async fn run_all_parallel(
+    factory: Factory,
+    parallel: usize,
+) -> Vec<(&'static str, CaseResult)> {
+    let gate = Arc::new(tokio::sync::Semaphore::new(parallel.max(1)));
+    let mut tasks = Vec::new();
+    for case in cases::ALL {
+        let (gate, factory) = (gate.clone(), factory.clone());
+        tasks.push((
+            case.name,
+            tokio::spawn(async move {
+                let _permit = gate.acquire_owned().await;
+                run_case(case, factory).await
+            }),
+        ));
+    }
+    let mut out = Vec::new();
+    for (name, task) in tasks {
+        let r = match task.await {
+            Ok(r) => r,
+            Err(e) => Err(format!("the case panicked: {e}")),
+        };
+        out.push((name, r));
+    }
+    out
+}
+
+/// Runs a case in a test and panics with its message if it failed. A case
+/// skipped here panics too: the macro stamps cases of capabilities a
+/// backend lacks as ignored, so a skip that reaches this point is a
+/// capability missing from the stamping's `without:` list.
 pub async fn assert_case(case: &Case, factory: Factory) {
+    match run_case(case, factory).await {
+        Ok(Outcome::Passed) => {}
+        Ok(Outcome::Skipped(why)) => {
+            let cap = case.needs.map_or("?", Need::name);
+            panic!(
+                "conformance case {} cannot run: {why}; stamp the suite with \
+                 `conformance_tests!(factory, without: [{cap}])` so cargo test reports it as ignored",
+                case.name
+            )
+        }
+        Err(msg) => panic!("conformance case {} failed: {msg}", case.name),
+    }
+}
+
+/// Runs a case stamped as ignored (only with `cargo test -- --ignored`): a
+/// skip is reported and passes, a failure panics.
+pub async fn assert_case_or_skip(case: &Case, factory: Factory) {
     match run_case(case, factory).await {
         Ok(Outcome::Passed) => {}
         Ok(Outcome::Skipped(why)) => println!("{}: skipped: {why}", case.name),
@@ -145,69 +338,244 @@ pub async fn assert_case(case: &Case, factory: Factory) {
     }
 }
 
+/// Checks a `without:` list against the capabilities the backend declares.
+///
+/// # Errors
+/// A message naming each capability the list and the backend disagree on.
+pub async fn check_stamping(factory: Factory, without: &[&str]) -> Result<(), String> {
+    let b = factory.open().await?;
+    let caps = b.capabilities();
+    let mut wrong = Vec::new();
+    for need in Need::ALL {
+        let listed = without.contains(&need.name());
+        if listed && need.declared(&caps) {
+            wrong.push(format!(
+                "the backend declares {} but the suite was stamped without it, so its cases never run",
+                need.name()
+            ));
+        }
+        if !listed && !need.declared(&caps) {
+            wrong.push(format!(
+                "{}: add {} to the `without:` list so its cases show as ignored",
+                need.missing(),
+                need.name()
+            ));
+        }
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
+}
+
 /// Stamps every conformance case into a `#[tokio::test]` for the factory
 /// expression given (evaluated once per test). The calling crate needs
 /// `tokio` (with `macros` and `rt-multi-thread`) as a dev-dependency.
+///
+/// `conformance_tests!(factory)` is for a backend with every optional
+/// capability; `conformance_tests!(factory, without: [fair_queue, ...])`
+/// names those it lacks, whose cases are stamped `#[ignore]` (see the crate
+/// docs). Besides the cases it stamps `conformance_macro_stamps_every_case`
+/// and `conformance_capabilities_match_stamping`.
 #[macro_export]
 macro_rules! conformance_tests {
-    ($factory:expr) => {
-        $crate::conformance_tests!(@cases $factory;
+    (@known notifies_release) => {};
+    (@known inspect) => {};
+    (@known fair_queue) => {};
+    (@known raise_fence) => {};
+    (@known describe) => {};
+    (@known $other:ident) => {
+        compile_error!(concat!(
+            "conformance_tests!: unknown capability `", stringify!($other),
+            "`; the optional ones are notifies_release, inspect, fair_queue, raise_fence and describe"
+        ));
+    };
+    (@gate $f:expr; notifies_release; [$($w:ident)*]; $names:tt) => {
+        $crate::conformance_tests!(@find notifies_release; [$($w)*];
+            { @ignored $f; "the backend declares no release notifications"; $names };
+            { @run $f; $names });
+    };
+    (@gate $f:expr; inspect; [$($w:ident)*]; $names:tt) => {
+        $crate::conformance_tests!(@find inspect; [$($w)*];
+            { @ignored $f; "the backend declares no inspect/list"; $names };
+            { @run $f; $names });
+    };
+    (@gate $f:expr; fair_queue; [$($w:ident)*]; $names:tt) => {
+        $crate::conformance_tests!(@find fair_queue; [$($w)*];
+            { @ignored $f; "the backend declares no fair queue"; $names };
+            { @run $f; $names });
+    };
+    (@gate $f:expr; raise_fence; [$($w:ident)*]; $names:tt) => {
+        $crate::conformance_tests!(@find raise_fence; [$($w)*];
+            { @ignored $f; "the backend declares no raise_fence"; $names };
+            { @run $f; $names });
+    };
+    (@gate $f:expr; describe; [$($w:ident)*]; $names:tt) => {
+        $crate::conformance_tests!(@find describe; [$($w)*];
+            { @ignored $f; "the backend declares no holder descriptions"; $names };
+            { @run $f; $names });
+    };
+    (@find notifies_release; [notifies_release $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
+        $crate::conformance_tests!($($yes)*);
+    };
+    (@find inspect; [inspect $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
+        $crate::conformance_tests!($($yes)*);
+    };
+    (@find fair_queue; [fair_queue $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
+        $crate::conformance_tests!($($yes)*);
+    };
+    (@find raise_fence; [raise_fence $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
+        $crate::conformance_tests!($($yes)*);
+    };
+    (@find describe; [describe $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
+        $crate::conformance_tests!($($yes)*);
+    };
+    (@find $cap:ident; [$other:ident $($r:ident)*]; $yes:tt; $no:tt) => {
+        $crate::conformance_tests!(@find $cap; [$($r)*]; $yes; $no);
+    };
+    (@find $cap:ident; []; $yes:tt; {$($no:tt)*}) => {
+        $crate::conformance_tests!($($no)*);
+    };
+    (@run $f:expr; [$($name:ident),* $(,)?]) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let factory: $crate::Factory = $f;
+                match $crate::case_named(stringify!($name)) {
+                    Some(case) => $crate::assert_case(case, factory).await,
+                    None => panic!("the suite has no case {}", stringify!($name)),
+                }
+            }
+        )*
+    };
+    (@ignored $f:expr; $why:literal; [$($name:ident),* $(,)?]) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = $why]
+            async fn $name() {
+                let factory: $crate::Factory = $f;
+                match $crate::case_named(stringify!($name)) {
+                    Some(case) => $crate::assert_case_or_skip(case, factory).await,
+                    None => panic!("the suite has no case {}", stringify!($name)),
+                }
+            }
+        )*
+    };
+    ($factory:expr, without: [$($cap:ident),* $(,)?] $(,)?) => {
+        $( $crate::conformance_tests!(@known $cap); )*
+        $crate::conformance_tests!(@run $factory; [
             acquire_and_release,
             try_lock_on_held_key_returns_none,
             distinct_keys_do_not_conflict,
             mutual_exclusion_under_contention,
             mutual_exclusion_across_clients,
+            expired_key_race_has_one_winner,
             release_with_foreign_token_changes_nothing,
             renew_with_foreign_token_changes_nothing,
             cas_with_wrong_expected_changes_nothing,
             double_release_reports_not_held,
+            delete_of_expired_hold_reports_false,
+            hand_over_gives_a_fresh_fence,
+            tokens_are_compared_exactly,
+            keys_are_distinct_exactly,
+            held_reply_names_the_real_holder,
             key_expires_after_ttl,
+            fractional_ttls_are_honoured,
+            shared_lease_reports_earliest_expiry,
             waiter_acquires_after_holder_stops_renewing,
             renewal_keeps_lock_past_several_ttls,
+            renewal_after_expiry_is_refused,
+            renewal_sets_expiry_from_now,
             batch_renewal_keeps_many_locks,
+            renew_many_answers_per_item,
+            renew_many_uses_each_items_ttl,
             fences_increase_across_release,
             fences_increase_across_expiry,
             fences_increase_across_clients,
+            fences_rise_across_long_lived_clients,
+            fences_rise_under_contention,
             fenced_resource_refuses_stale_holder,
             lost_fires_when_key_deleted_behind_holder,
             lost_fires_before_store_expiry_when_cut_off,
             lost_callback_is_called,
-            lock_timeout_returns_timeout_error,
+            duplicate_delivery_does_not_wait_on_itself,
             dropped_waiter_leaves_no_hold,
             cancelled_acquires_leave_no_orphan,
             dropped_guard_releases_key,
-            empty_key_rejected,
-            overlong_key_rejected,
-            control_character_key_rejected,
-            longest_allowed_key_and_unicode_work,
-            bad_ttl_rejected,
-            tokens_are_random_uuid_v4,
+            longest_allowed_key_and_unicode_work
+        ]);
+        $crate::conformance_tests!(@gate $factory; notifies_release; [$($cap)*]; [
             release_wakes_waiter_quickly,
+            watch_subscribes_before_it_returns,
+            watch_fires_for_every_release
+        ]);
+        $crate::conformance_tests!(@gate $factory; inspect; [$($cap)*]; [
             inspect_reports_holder,
+            inspect_and_list_are_exact,
+            inspect_hides_expired_holds
+        ]);
+        $crate::conformance_tests!(@gate $factory; fair_queue; [$($cap)*]; [
             fair_queue_serves_in_arrival_order,
-            raise_fence_lifts_later_fences
-        );
-    };
-    (@cases $factory:expr; $($name:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                let factory: $crate::Factory = $factory;
-                let case = $crate::Case {
-                    name: stringify!($name),
-                    run: |f| ::std::boxed::Box::pin($crate::cases::$name(f)),
-                };
-                $crate::assert_case(&case, factory).await;
-            }
-        )*
+            fair_newcomer_does_not_barge,
+            fair_dropped_waiter_leaves_the_queue,
+            fences_rise_across_fair_and_plain
+        ]);
+        $crate::conformance_tests!(@gate $factory; raise_fence; [$($cap)*]; [
+            raise_fence_lifts_later_fences,
+            raise_fence_is_a_max
+        ]);
+        $crate::conformance_tests!(@gate $factory; describe; [$($cap)*]; [
+            descriptions_belong_to_their_hold
+        ]);
 
         #[test]
         fn conformance_macro_stamps_every_case() {
-            let mut stamped = vec![$(stringify!($name)),*];
+            let mut stamped = vec![
+                "acquire_and_release", "try_lock_on_held_key_returns_none",
+                "distinct_keys_do_not_conflict", "mutual_exclusion_under_contention",
+                "mutual_exclusion_across_clients", "expired_key_race_has_one_winner",
+                "release_with_foreign_token_changes_nothing",
+                "renew_with_foreign_token_changes_nothing",
+                "cas_with_wrong_expected_changes_nothing", "double_release_reports_not_held",
+                "delete_of_expired_hold_reports_false", "hand_over_gives_a_fresh_fence",
+                "tokens_are_compared_exactly", "keys_are_distinct_exactly",
+                "held_reply_names_the_real_holder", "key_expires_after_ttl",
+                "fractional_ttls_are_honoured", "shared_lease_reports_earliest_expiry",
+                "waiter_acquires_after_holder_stops_renewing",
+                "renewal_keeps_lock_past_several_ttls", "renewal_after_expiry_is_refused",
+                "renewal_sets_expiry_from_now", "batch_renewal_keeps_many_locks",
+                "renew_many_answers_per_item", "renew_many_uses_each_items_ttl",
+                "fences_increase_across_release", "fences_increase_across_expiry",
+                "fences_increase_across_clients", "fences_rise_across_long_lived_clients",
+                "fences_rise_under_contention", "fenced_resource_refuses_stale_holder",
+                "lost_fires_when_key_deleted_behind_holder",
+                "lost_fires_before_store_expiry_when_cut_off", "lost_callback_is_called",
+                "duplicate_delivery_does_not_wait_on_itself", "dropped_waiter_leaves_no_hold",
+                "cancelled_acquires_leave_no_orphan", "dropped_guard_releases_key",
+                "longest_allowed_key_and_unicode_work", "release_wakes_waiter_quickly",
+                "watch_subscribes_before_it_returns", "watch_fires_for_every_release",
+                "inspect_reports_holder", "inspect_and_list_are_exact",
+                "inspect_hides_expired_holds", "fair_queue_serves_in_arrival_order",
+                "fair_newcomer_does_not_barge", "fair_dropped_waiter_leaves_the_queue",
+                "fences_rise_across_fair_and_plain", "raise_fence_lifts_later_fences",
+                "raise_fence_is_a_max", "descriptions_belong_to_their_hold",
+            ];
             let mut all: Vec<&str> = $crate::cases::ALL.iter().map(|c| c.name).collect();
             stamped.sort_unstable();
             all.sort_unstable();
             assert_eq!(stamped, all);
         }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn conformance_capabilities_match_stamping() {
+            let factory: $crate::Factory = $factory;
+            if let Err(msg) = $crate::check_stamping(factory, &[$(stringify!($cap)),*]).await {
+                panic!("{msg}");
+            }
+        }
+    };
+    ($factory:expr $(,)?) => {
+        $crate::conformance_tests!($factory, without: []);
     };
 }

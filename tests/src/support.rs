@@ -93,6 +93,10 @@ impl Backend for Partition {
         self.inner.earliest_expiry(ttl, sent_at)
     }
 
+    fn store_clock(&self) -> Option<&moltlock_core::StoreClock> {
+        self.inner.store_clock()
+    }
+
     async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
         self.gate().await;
         self.inner.watch(key).await
@@ -119,6 +123,16 @@ impl Backend for Partition {
     async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
         self.gate().await;
         self.inner.raise_fence(key, floor).await
+    }
+
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        self.gate().await;
+        self.inner.describe(key, owner, description).await
     }
 
     async fn fair_acquire(
@@ -201,5 +215,304 @@ impl OverlapDetector {
     /// How many entries there were.
     pub fn entries(&self) -> u64 {
         self.entries.load(Ordering::SeqCst)
+    }
+}
+
+/// Wraps a backend so every request takes longer: each call waits `before`
+/// ahead of reaching the store and `after` once the store answered. A
+/// future dropped during `after` was cancelled after its request landed;
+/// [`landed_then_dropped`](Self::landed_then_dropped) counts such
+/// acquisitions, so a cancellation case can show it really cancelled
+/// requests mid-flight.
+#[derive(Clone)]
+pub struct Delay {
+    inner: Arc<dyn Backend>,
+    before: Duration,
+    after: Duration,
+    landed_then_dropped: Arc<AtomicU64>,
+}
+
+impl Delay {
+    /// Delays every call to `inner` by `before` and `after`.
+    pub fn new(inner: Arc<dyn Backend>, before: Duration, after: Duration) -> Self {
+        Self {
+            inner,
+            before,
+            after,
+            landed_then_dropped: Arc::default(),
+        }
+    }
+
+    /// How many acquisitions the store granted whose caller then dropped
+    /// the request before its reply came back.
+    pub fn landed_then_dropped(&self) -> u64 {
+        self.landed_then_dropped.load(Ordering::SeqCst)
+    }
+}
+
+/// Counts a drop that happens while armed.
+struct DropProbe {
+    armed: bool,
+    count: Arc<AtomicU64>,
+}
+
+impl Drop for DropProbe {
+    fn drop(&mut self) {
+        if self.armed {
+            self.count.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for Delay {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        tokio::time::sleep(self.before).await;
+        let out = self.inner.cas(key, expected, new, ttl).await;
+        let mut probe = DropProbe {
+            armed: expected.is_none() && matches!(out, Ok(CasOutcome::Acquired { .. })),
+            count: self.landed_then_dropped.clone(),
+        };
+        tokio::time::sleep(self.after).await;
+        probe.armed = false;
+        out
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        tokio::time::sleep(self.before).await;
+        let out = self.inner.delete(key, owner).await;
+        tokio::time::sleep(self.after).await;
+        out
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn earliest_expiry(
+        &self,
+        ttl: Duration,
+        sent_at: tokio::time::Instant,
+    ) -> tokio::time::Instant {
+        self.inner.earliest_expiry(ttl, sent_at)
+    }
+
+    fn store_clock(&self) -> Option<&moltlock_core::StoreClock> {
+        self.inner.store_clock()
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
+        self.inner.watch(key).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        self.inner.inspect(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
+        self.inner.list(prefix).await
+    }
+
+    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        tokio::time::sleep(self.before).await;
+        let out = self.inner.renew_many(items).await;
+        tokio::time::sleep(self.after).await;
+        out
+    }
+
+    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+        self.inner.raise_fence(key, floor).await
+    }
+
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        self.inner.describe(key, owner, description).await
+    }
+
+    async fn fair_acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Fence, Error> {
+        tokio::time::sleep(self.before).await;
+        let out = self.inner.fair_acquire(key, token, ttl).await;
+        tokio::time::sleep(self.after).await;
+        out
+    }
+}
+
+/// Wraps a backend like a client that re-sends a request after losing its
+/// reply: the first acquisition (`cas` with no expected holder) reaches the
+/// store twice, and the caller sees the second reply (the store already
+/// holds the key for the caller's own token). Later calls pass through.
+#[derive(Clone)]
+pub struct Duplicating {
+    inner: Arc<dyn Backend>,
+    armed: Arc<AtomicBool>,
+    duplicated: Arc<AtomicU64>,
+}
+
+impl Duplicating {
+    /// Duplicates the first acquisition sent to `inner`.
+    pub fn new(inner: Arc<dyn Backend>) -> Self {
+        Self {
+            inner,
+            armed: Arc::new(AtomicBool::new(true)),
+            duplicated: Arc::default(),
+        }
+    }
+
+    /// How many requests were applied twice.
+    pub fn duplicated(&self) -> u64 {
+        self.duplicated.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Backend for Duplicating {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        let first = self.inner.cas(key, expected, new, ttl).await;
+        let lost_reply = expected.is_none()
+            && matches!(first, Ok(CasOutcome::Acquired { .. }))
+            && self.armed.swap(false, Ordering::SeqCst);
+        if !lost_reply {
+            return first;
+        }
+        self.duplicated.fetch_add(1, Ordering::SeqCst);
+        self.inner.cas(key, expected, new, ttl).await
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        self.inner.delete(key, owner).await
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn earliest_expiry(
+        &self,
+        ttl: Duration,
+        sent_at: tokio::time::Instant,
+    ) -> tokio::time::Instant {
+        self.inner.earliest_expiry(ttl, sent_at)
+    }
+
+    fn store_clock(&self) -> Option<&moltlock_core::StoreClock> {
+        self.inner.store_clock()
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
+        self.inner.watch(key).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        self.inner.inspect(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
+        self.inner.list(prefix).await
+    }
+
+    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        self.inner.renew_many(items).await
+    }
+
+    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+        self.inner.raise_fence(key, floor).await
+    }
+
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        self.inner.describe(key, owner, description).await
+    }
+
+    async fn fair_acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Fence, Error> {
+        self.inner.fair_acquire(key, token, ttl).await
+    }
+}
+
+/// Measures how late the runtime wakes a ticker, to tell a backend's
+/// failure from a test that was held up by the scheduler.
+pub struct StallMonitor {
+    worst_micros: Arc<AtomicU64>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// How often the [`StallMonitor`] ticks.
+const TICK: Duration = Duration::from_millis(10);
+
+impl StallMonitor {
+    /// Starts ticking on the current runtime (without one it measures nothing).
+    pub fn start() -> Self {
+        let worst_micros = Arc::new(AtomicU64::new(0));
+        let worst = worst_micros.clone();
+        let task = tokio::runtime::Handle::try_current().ok().map(|h| {
+            h.spawn(async move {
+                loop {
+                    let before = std::time::Instant::now();
+                    tokio::time::sleep(TICK).await;
+                    let late = before.elapsed().saturating_sub(TICK);
+                    let micros = u64::try_from(late.as_micros()).unwrap_or(u64::MAX);
+                    worst.fetch_max(micros, Ordering::SeqCst);
+                }
+            })
+        });
+        Self { worst_micros, task }
+    }
+
+    /// The latest wake-up seen so far.
+    pub fn worst(&self) -> Duration {
+        Duration::from_micros(self.worst_micros.load(Ordering::SeqCst))
+    }
+
+    /// Stops ticking and returns the latest wake-up seen.
+    pub fn stop(mut self) -> Duration {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+        self.worst()
+    }
+}
+
+impl Drop for StallMonitor {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
     }
 }

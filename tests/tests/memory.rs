@@ -10,7 +10,7 @@ fn memory() -> moltlock_conformance::Factory {
     })
 }
 
-moltlock_conformance::conformance_tests!(memory());
+moltlock_conformance::conformance_tests!(memory(), without: [fair_queue]);
 
 /// The suite again over a migrating backend in its `Both` phase: two memory
 /// stores, locked old first.
@@ -28,7 +28,7 @@ mod migrating_both {
         })
     }
 
-    moltlock_conformance::conformance_tests!(both());
+    moltlock_conformance::conformance_tests!(both(), without: [fair_queue]);
 }
 
 /// Holds taken at scattered times are renewed together: once the first is

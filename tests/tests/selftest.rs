@@ -1,80 +1,324 @@
 //! The suite checks itself: each deliberately broken backend must fail the
-//! cases that guard against its flaw, and the same backend without the flaw
-//! must pass them.
+//! cases that guard against its flaw, and sound stores must pass the whole
+//! suite (the in-memory reference backend three times in a row).
+
+use std::time::Duration;
 
 use moltlock_conformance::broken::{Flaw, Flawed};
-use moltlock_conformance::{cases, factory, run_case, Case, Factory, Outcome};
+use moltlock_conformance::{
+    case_named, check_stamping, factory, run_all_parallel, run_case, Factory, Outcome, INCONCLUSIVE,
+};
+use moltlock_core::{async_trait, Backend, CasOutcome, Error, LockKey, MemoryBackend, Token};
 
 fn flawed(flaw: Flaw) -> Factory {
     let shared = Flawed::new(flaw);
+    factory(move || {
+        let b = shared.handle();
+        async move { Ok(b) }
+    })
+}
+
+/// The cases that catch each flaw; every one of them must fail.
+fn killers(flaw: Flaw) -> &'static [&'static str] {
+    match flaw {
+        Flaw::None => &[],
+        Flaw::UnconditionalDelete => &[
+            "release_with_foreign_token_changes_nothing",
+            "double_release_reports_not_held",
+        ],
+        Flaw::ReadThenWrite => &["mutual_exclusion_under_contention"],
+        Flaw::IgnoresTtl => &["key_expires_after_ttl", "fractional_ttls_are_honoured"],
+        Flaw::RepeatingFence => &[
+            "fences_increase_across_release",
+            "hand_over_gives_a_fresh_fence",
+        ],
+        Flaw::RenewsForeignToken => &["renew_with_foreign_token_changes_nothing"],
+        Flaw::ExpiredTakeoverReadThenWrite => &["expired_key_race_has_one_winner"],
+        Flaw::WholeSecondTtl => &["fractional_ttls_are_honoured"],
+        Flaw::CoarseClock => &["fractional_ttls_are_honoured"],
+        Flaw::SharedLeaseWrongBound => &["shared_lease_reports_earliest_expiry"],
+        Flaw::RenewsExpiredHold => &["renewal_after_expiry_is_refused"],
+        Flaw::RenewalAddsTtl => &["renewal_sets_expiry_from_now"],
+        Flaw::TakeoverKeepsOldToken => &[
+            "expired_key_race_has_one_winner",
+            "waiter_acquires_after_holder_stops_renewing",
+        ],
+        Flaw::HandOverKeepsFence => &["hand_over_gives_a_fresh_fence"],
+        Flaw::DeleteIgnoresExpiry => &["delete_of_expired_hold_reports_false"],
+        Flaw::DeleteAlwaysTrue => &[
+            "release_with_foreign_token_changes_nothing",
+            "delete_of_expired_hold_reports_false",
+        ],
+        Flaw::PerClientFenceBlocks => &["fences_rise_across_long_lived_clients"],
+        Flaw::FenceDrawnBeforeConflict => &["fences_rise_under_contention"],
+        Flaw::BatchAnswersFirstForAll => &["renew_many_answers_per_item"],
+        Flaw::BatchUsesFirstTtl => &["renew_many_uses_each_items_ttl"],
+        Flaw::BatchRecreatesDeleted => &["renew_many_answers_per_item"],
+        Flaw::WatchSubscribesLazily => &["watch_subscribes_before_it_returns"],
+        Flaw::WatchFiresOnce => &["watch_fires_for_every_release"],
+        Flaw::InspectReportsFullTtl => &["inspect_and_list_are_exact"],
+        Flaw::InspectShowsExpired => &["inspect_hides_expired_holds"],
+        Flaw::ListIgnoresPrefix => &["inspect_and_list_are_exact"],
+        Flaw::ListPrefixAsPattern => &["inspect_and_list_are_exact"],
+        Flaw::InspectReportsLatestFence => &["inspect_and_list_are_exact"],
+        Flaw::FairBarges => &["fair_newcomer_does_not_barge"],
+        Flaw::FairKeepsDroppedPlace => &["fair_dropped_waiter_leaves_the_queue"],
+        Flaw::FairFenceSeparate => &["fences_rise_across_fair_and_plain"],
+        Flaw::RaiseFenceSets => &["raise_fence_is_a_max"],
+        Flaw::TokenPrefixCompare => &["tokens_are_compared_exactly"],
+        Flaw::TokenCaseInsensitive => &["tokens_are_compared_exactly"],
+        Flaw::KeyCaseInsensitive => &["keys_are_distinct_exactly"],
+        Flaw::KeyTruncated => &["keys_are_distinct_exactly"],
+        Flaw::HeldEchoesCaller => &["held_reply_names_the_real_holder"],
+        Flaw::DescribeIgnoresOwner => &["descriptions_belong_to_their_hold"],
+        Flaw::DescriptionOutlivesHold => &["descriptions_belong_to_their_hold"],
+        Flaw::LateLandingAfterCancel => &["cancelled_acquires_leave_no_orphan"],
+    }
+}
+
+/// Runs each killer of `flaw` against a store with that flaw: each must
+/// fail, and not merely as inconclusive.
+async fn caught(flaw: Flaw) {
+    let names = killers(flaw);
+    assert!(!names.is_empty(), "no case is named to catch {flaw:?}");
+    for name in names {
+        let case = case_named(name).unwrap_or_else(|| panic!("no case named {name}"));
+        match run_case(case, flawed(flaw)).await {
+            Ok(outcome) => panic!("{name} passed on a store with {flaw:?}: {outcome:?}"),
+            Err(msg) => {
+                assert!(
+                    !msg.starts_with(INCONCLUSIVE),
+                    "{name} was only inconclusive on {flaw:?}: {msg}"
+                );
+                println!("{flaw:?} caught by {name}: {msg}");
+            }
+        }
+    }
+}
+
+macro_rules! catches {
+    ($($test:ident: $flaw:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                caught(Flaw::$flaw).await;
+            }
+        )*
+
+        /// Every flaw has its self-test above.
+        #[test]
+        fn every_flaw_has_a_self_test() {
+            let mut tested = vec![$(Flaw::$flaw),*];
+            let mut all = Flaw::ALL.to_vec();
+            tested.sort_by_key(|f| format!("{f:?}"));
+            all.sort_by_key(|f| format!("{f:?}"));
+            assert_eq!(tested, all);
+            assert!(all.len() >= 20, "only {} broken backends", all.len());
+        }
+    };
+}
+
+catches! {
+    catches_unconditional_delete: UnconditionalDelete,
+    catches_read_then_write_cas: ReadThenWrite,
+    catches_ignored_ttl: IgnoresTtl,
+    catches_repeating_fence: RepeatingFence,
+    catches_foreign_renewal: RenewsForeignToken,
+    catches_read_then_write_takeover_of_expired_hold: ExpiredTakeoverReadThenWrite,
+    catches_ttl_truncated_to_seconds: WholeSecondTtl,
+    catches_expiry_kept_in_whole_seconds: CoarseClock,
+    catches_shared_lease_with_wrong_bound: SharedLeaseWrongBound,
+    catches_renewal_reviving_expired_hold: RenewsExpiredHold,
+    catches_renewal_adding_to_old_expiry: RenewalAddsTtl,
+    catches_takeover_keeping_old_token: TakeoverKeepsOldToken,
+    catches_hand_over_keeping_fence: HandOverKeepsFence,
+    catches_delete_ignoring_expiry: DeleteIgnoresExpiry,
+    catches_delete_always_reporting_success: DeleteAlwaysTrue,
+    catches_per_client_fence_blocks: PerClientFenceBlocks,
+    catches_fence_drawn_before_conflict: FenceDrawnBeforeConflict,
+    catches_batch_answered_as_a_whole: BatchAnswersFirstForAll,
+    catches_batch_with_one_ttl: BatchUsesFirstTtl,
+    catches_batch_recreating_deleted_holds: BatchRecreatesDeleted,
+    catches_lazy_watch: WatchSubscribesLazily,
+    catches_watch_firing_once: WatchFiresOnce,
+    catches_inspect_reporting_full_ttl: InspectReportsFullTtl,
+    catches_inspect_showing_expired_holds: InspectShowsExpired,
+    catches_list_ignoring_prefix: ListIgnoresPrefix,
+    catches_list_prefix_taken_as_pattern: ListPrefixAsPattern,
+    catches_inspect_reporting_latest_fence: InspectReportsLatestFence,
+    catches_fair_queue_barging: FairBarges,
+    catches_fair_queue_keeping_dropped_places: FairKeepsDroppedPlace,
+    catches_fair_fences_from_own_counter: FairFenceSeparate,
+    catches_raise_fence_lowering: RaiseFenceSets,
+    catches_token_prefix_compare: TokenPrefixCompare,
+    catches_case_insensitive_tokens: TokenCaseInsensitive,
+    catches_case_insensitive_keys: KeyCaseInsensitive,
+    catches_truncated_keys: KeyTruncated,
+    catches_held_reply_naming_caller: HeldEchoesCaller,
+    catches_description_by_a_stranger: DescribeIgnoresOwner,
+    catches_description_outliving_its_hold: DescriptionOutlivesHold,
+    catches_request_landing_after_cancel: LateLandingAfterCancel,
+}
+
+/// Runs the whole suite, six cases at once, and panics naming each case
+/// that did not pass (skips are allowed only for `allowed_skips`).
+async fn whole_suite_passes(f: Factory, allowed_skips: &[&str], what: &str) {
+    let results = run_all_parallel(f, 6).await;
+    let mut bad = Vec::new();
+    for (name, r) in results {
+        match r {
+            Ok(Outcome::Passed) => {}
+            Ok(Outcome::Skipped(why)) if allowed_skips.contains(&name) => {
+                println!("{what}: {name} skipped: {why}");
+            }
+            other => bad.push(format!("{name}: {other:?}")),
+        }
+    }
+    assert!(bad.is_empty(), "{what} does not pass the suite: {bad:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sound_flawed_store_passes_the_whole_suite() {
+    whole_suite_passes(flawed(Flaw::None), &[], "the sound Flawed store").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_backend_passes_the_whole_suite_three_times_in_a_row() {
+    let fair: Vec<&str> = moltlock_conformance::cases::ALL
+        .iter()
+        .filter(|c| c.needs == Some(moltlock_conformance::Need::FairQueue))
+        .map(|c| c.name)
+        .collect();
+    for run in 1..=3 {
+        let shared = MemoryBackend::new();
+        let f = factory(move || {
+            let b = shared.clone();
+            async move { Ok(b) }
+        });
+        whole_suite_passes(f, &fair, &format!("the memory backend (run {run} of 3)")).await;
+    }
+}
+
+/// A backend with only the two required methods.
+#[derive(Clone, Default)]
+struct Bare(MemoryBackend);
+
+#[async_trait]
+impl Backend for Bare {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        self.0.cas(key, expected, new, ttl).await
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        self.0.delete(key, owner).await
+    }
+}
+
+fn bare() -> Factory {
+    let shared = Bare::default();
     factory(move || {
         let b = shared.clone();
         async move { Ok(b) }
     })
 }
 
-fn case(name: &str) -> &'static Case {
-    match cases::ALL.iter().find(|c| c.name == name) {
-        Some(c) => c,
-        None => panic!("no case named {name}"),
-    }
-}
-
-/// Runs the named cases against `flaw` and against a sound store; the flawed
-/// store must fail at least one and the sound one must pass all.
-async fn caught(flaw: Flaw, names: &[&str]) {
-    let mut failures = Vec::new();
-    for name in names {
-        let sound = run_case(case(name), flawed(Flaw::None)).await;
-        assert_eq!(sound, Ok(Outcome::Passed), "{name} fails on a sound store");
-        if let Err(msg) = run_case(case(name), flawed(flaw)).await {
-            failures.push(format!("{name}: {msg}"));
+#[tokio::test]
+async fn missing_capabilities_skip_their_cases() {
+    for case in moltlock_conformance::cases::ALL {
+        if let Some(need) = case.needs {
+            let r = run_case(case, bare()).await;
+            assert_eq!(
+                r,
+                Ok(Outcome::Skipped(need.missing().to_owned())),
+                "{}",
+                case.name
+            );
         }
     }
-    assert!(!failures.is_empty(), "the suite did not catch {flaw:?}");
-    println!("{flaw:?} caught by: {failures:#?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn catches_unconditional_delete() {
-    caught(
-        Flaw::UnconditionalDelete,
-        &[
-            "release_with_foreign_token_changes_nothing",
-            "double_release_reports_not_held",
-        ],
-    )
-    .await;
+#[tokio::test]
+async fn stamping_must_match_declared_capabilities() {
+    let all = [
+        "notifies_release",
+        "inspect",
+        "fair_queue",
+        "raise_fence",
+        "describe",
+    ];
+    assert_eq!(check_stamping(bare(), &all).await, Ok(()));
+    let err = check_stamping(bare(), &["inspect"]).await.unwrap_err();
+    assert!(err.contains("fair_queue"), "{err}");
+    let err = check_stamping(flawed(Flaw::None), &["inspect"])
+        .await
+        .unwrap_err();
+    assert!(err.contains("declares inspect"), "{err}");
+    assert_eq!(check_stamping(flawed(Flaw::None), &[]).await, Ok(()));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn catches_read_then_write_cas() {
-    caught(Flaw::ReadThenWrite, &["mutual_exclusion_under_contention"]).await;
+// A backend that lacks every optional capability, stamped accordingly: its
+// optional cases show as ignored in `cargo test` output.
+mod bare_backend {
+    moltlock_conformance::conformance_tests!(
+        super::bare(),
+        without: [notifies_release, inspect, fair_queue, raise_fence, describe]
+    );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn catches_ignored_ttl() {
-    caught(Flaw::IgnoresTtl, &["key_expires_after_ttl"]).await;
+#[tokio::test(flavor = "current_thread")]
+async fn stall_monitor_sees_a_blocked_runtime() {
+    let monitor = moltlock_conformance::StallMonitor::start();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    // Blocks the runtime's only thread, as a starved scheduler would.
+    std::thread::sleep(Duration::from_millis(300));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let worst = monitor.stop();
+    assert!(worst >= Duration::from_millis(250), "saw only {worst:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn catches_repeating_fence() {
-    caught(Flaw::RepeatingFence, &["fences_increase_across_release"]).await;
+static FLAKY_CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+fn inconclusive_twice(
+    _: Factory,
+) -> moltlock_conformance::BoxFuture<moltlock_conformance::CaseResult> {
+    Box::pin(async {
+        let n = FLAKY_CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if n < 2 {
+            Err(format!("{INCONCLUSIVE}: woke late"))
+        } else {
+            Ok(Outcome::Passed)
+        }
+    })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn catches_foreign_renewal() {
-    caught(
-        Flaw::RenewsForeignToken,
-        &["renew_with_foreign_token_changes_nothing"],
-    )
-    .await;
+fn always_inconclusive(
+    _: Factory,
+) -> moltlock_conformance::BoxFuture<moltlock_conformance::CaseResult> {
+    Box::pin(async { Err(format!("{INCONCLUSIVE}: woke late")) })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sound_flawed_store_passes_every_core_case() {
-    for c in cases::ALL {
-        let res = run_case(c, flawed(Flaw::None)).await;
-        assert!(res.is_ok(), "{} fails on a sound store: {res:?}", c.name);
-    }
+#[tokio::test]
+async fn inconclusive_attempts_are_run_again_and_never_pass() {
+    let retried = moltlock_conformance::Case {
+        name: "inconclusive_twice",
+        point: "timing",
+        needs: None,
+        run: inconclusive_twice,
+    };
+    assert_eq!(run_case(&retried, bare()).await, Ok(Outcome::Passed));
+    assert_eq!(FLAKY_CALLS.load(std::sync::atomic::Ordering::SeqCst), 3);
+    let stuck = moltlock_conformance::Case {
+        name: "always_inconclusive",
+        point: "timing",
+        needs: None,
+        run: always_inconclusive,
+    };
+    let r = run_case(&stuck, bare()).await;
+    assert!(matches!(&r, Err(m) if m.starts_with(INCONCLUSIVE)), "{r:?}");
 }

@@ -1,0 +1,269 @@
+//! Expiry: boundary races, TTL precision, shared leases, renewal semantics.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use moltlock_core::{Backend, CasOutcome, Token};
+use tokio::sync::Barrier;
+use tokio::time::Instant;
+
+use super::{
+    err, expect_gone_after_expiry, expect_held_until_deadline, is_free, key, renew, short_ttl,
+    timed_acquire, Timed,
+};
+use crate::{CaseResult, Factory, Outcome, INCONCLUSIVE};
+
+/// How many clients race for an expired key.
+const RACERS: usize = 6;
+
+/// Many clients race for a key whose holder's TTL just ran out: exactly one
+/// wins, with a higher fence; the expired holder can then neither renew nor
+/// delete, and the winner renews (a takeover replaces the token). Two rounds,
+/// so the winner's own hold expires and is raced for too.
+pub async fn expired_key_race_has_one_winner(f: Factory) -> CaseResult {
+    let mut clients = Vec::new();
+    for _ in 0..RACERS {
+        clients.push(f.open().await?);
+    }
+    let ttl = short_ttl(&clients[0]);
+    let k = key("expired-race");
+    let mut holder = 0usize;
+    let mut held = timed_acquire(&clients[holder], &k, ttl).await?;
+    for round in 0..2 {
+        tokio::time::sleep_until(held.expiry).await;
+        let give_up = held.surely_gone() + Duration::from_secs(2);
+        let (winner, token, fence) = loop {
+            let winners = race(&clients, &k, ttl).await?;
+            if winners.len() > 1 {
+                return Err(format!(
+                    "round {round}: {} clients acquired the expired key at once",
+                    winners.len()
+                ));
+            }
+            if let Some(w) = winners.into_iter().next() {
+                break w;
+            }
+            if Instant::now() > give_up {
+                return Err(format!(
+                    "round {round}: nobody acquired the key long after its TTL ran out"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        ensure!(
+            fence > held.fence,
+            "round {round}: the takeover got fence {fence}, not above the expired hold's {}",
+            held.fence
+        );
+        let old = &clients[holder];
+        ensure!(
+            !renew(old, &k, &held.token, ttl).await?,
+            "round {round}: the expired holder renewed a key another client took over"
+        );
+        let lk = k.parse().map_err(err)?;
+        ensure!(
+            !old.delete(&lk, &held.token).await.map_err(err)?,
+            "round {round}: the expired holder deleted the new holder's key"
+        );
+        let sent = Instant::now();
+        ensure!(
+            renew(&clients[winner], &k, &token, ttl).await?,
+            "round {round}: the winner of the race could not renew its hold"
+        );
+        let third = &clients[(winner + 1) % RACERS];
+        ensure!(
+            !is_free(third, &k, ttl).await?,
+            "round {round}: the key was free right after the winner renewed it"
+        );
+        holder = winner;
+        held = Timed {
+            token,
+            fence,
+            ttl,
+            sent,
+            replied: Instant::now(),
+            expiry: clients[winner].earliest_expiry(ttl, sent),
+        };
+    }
+    Ok(Outcome::Passed)
+}
+
+/// Every client sends one `cas(None)` at the same instant; returns the
+/// winners with their tokens and fences.
+async fn race(
+    clients: &[Arc<dyn Backend>],
+    k: &str,
+    ttl: Duration,
+) -> Result<Vec<(usize, Token, moltlock_core::Fence)>, String> {
+    let barrier = Arc::new(Barrier::new(clients.len()));
+    let mut tasks = Vec::new();
+    for (i, c) in clients.iter().enumerate() {
+        let (c, barrier) = (c.clone(), barrier.clone());
+        let lk: moltlock_core::LockKey = k.parse().map_err(err)?;
+        tasks.push(tokio::spawn(async move {
+            let token = Token::random();
+            barrier.wait().await;
+            let out = c.cas(&lk, None, &token, ttl).await.map_err(err)?;
+            Ok::<_, String>(match out {
+                CasOutcome::Acquired { fence } => Some((i, token, fence)),
+                CasOutcome::Held(_) => None,
+            })
+        }));
+    }
+    let mut winners = Vec::new();
+    for t in tasks {
+        if let Some(w) = t.await.map_err(|e| e.to_string())?? {
+            winners.push(w);
+        }
+    }
+    Ok(winners)
+}
+
+/// TTLs that are not whole seconds are honoured to the millisecond: each
+/// hold is still held just before the deadline a manager with the default
+/// drift (2 %) trusts it to, and gone soon after the latest instant its
+/// TTL allows. Stores that truncate, round or coarsen time fail.
+pub async fn fractional_ttls_are_honoured(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let probe = f.open().await?;
+    let base = short_ttl(&b);
+    let ttls = [
+        base + Duration::from_millis(100),
+        base + Duration::from_millis(250),
+        base + Duration::from_millis(500),
+    ];
+    let mut checks = Vec::new();
+    for ttl in ttls {
+        let (b, probe) = (b.clone(), probe.clone());
+        checks.push(tokio::spawn(async move {
+            let k = key("fractional");
+            let t = timed_acquire(&b, &k, ttl).await?;
+            let what = format!("TTL {ttl:?}");
+            expect_held_until_deadline(&probe, &k, &t, &what).await?;
+            expect_gone_after_expiry(&probe, &k, &t, &what).await
+        }));
+    }
+    let mut first_err = None;
+    for c in checks {
+        if let Err(e) = c.await.map_err(|e| e.to_string())? {
+            // A definite failure wins over an inconclusive one.
+            if first_err
+                .as_ref()
+                .is_none_or(|f: &String| f.starts_with(INCONCLUSIVE))
+            {
+                first_err = Some(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(Outcome::Passed),
+    }
+}
+
+/// A client that took one key half a TTL earlier takes another: the second
+/// hold stays held until the deadline its `earliest_expiry` gives (on a
+/// store whose holds hang on one lease, the lease's bound, not the request's
+/// time plus the TTL), and so does the first.
+pub async fn shared_lease_reports_earliest_expiry(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let probe = f.open().await?;
+    let ttl = short_ttl(&b);
+    let (k1, k2) = (key("lease-first"), key("lease-second"));
+    let first = timed_acquire(&b, &k1, ttl).await?;
+    tokio::time::sleep_until(first.sent + ttl / 2).await;
+    let second = timed_acquire(&b, &k2, ttl).await?;
+    let (a, c) = tokio::join!(
+        expect_held_until_deadline(&probe, &k1, &first, "the first hold"),
+        expect_held_until_deadline(&probe, &k2, &second, "the hold taken half a TTL later"),
+    );
+    a?;
+    c?;
+    Ok(Outcome::Passed)
+}
+
+/// Renewing after the TTL ran out is refused (no silent re-acquisition, no
+/// old fence), and leaves the key free.
+pub async fn renewal_after_expiry_is_refused(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let k = key("renew-expired");
+    let t = timed_acquire(&b, &k, ttl).await?;
+    tokio::time::sleep_until(t.surely_gone()).await;
+    let lk = k.parse().map_err(err)?;
+    let out = b
+        .cas(&lk, Some(&t.token), &t.token, ttl)
+        .await
+        .map_err(err)?;
+    ensure!(
+        matches!(out, CasOutcome::Held(_)),
+        "renewing a hold {:?} after its TTL ran out succeeded: {out:?}",
+        Instant::now() - t.replied
+    );
+    let other = f.open().await?;
+    ensure!(
+        is_free(&other, &k, ttl).await?,
+        "a refused renewal of an expired hold left the key held"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// Deleting your own expired hold reports `false`: delete never reports
+/// what it did not do.
+pub async fn delete_of_expired_hold_reports_false(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let k = key("delete-expired");
+    let t = timed_acquire(&b, &k, ttl).await?;
+    tokio::time::sleep_until(t.surely_gone()).await;
+    let lk = k.parse().map_err(err)?;
+    ensure!(
+        !b.delete(&lk, &t.token).await.map_err(err)?,
+        "deleting an expired hold reported success"
+    );
+    let (k2, t2) = (key("delete-live"), Token::random());
+    let lk2 = k2.parse().map_err(err)?;
+    ensure!(
+        matches!(
+            b.cas(&lk2, None, &t2, ttl).await.map_err(err)?,
+            CasOutcome::Acquired { .. }
+        ),
+        "a free key could not be acquired"
+    );
+    ensure!(
+        b.delete(&lk2, &t2).await.map_err(err)?,
+        "deleting a live hold of one's own reported failure"
+    );
+    ensure!(
+        !b.delete(&lk2, &t2).await.map_err(err)?,
+        "deleting a hold twice reported success twice"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// Renewal sets the expiry to now + TTL, never adds to the old expiry:
+/// after renewing every TTL/3 for two TTLs, a holder that stops renewing
+/// loses the key within about one TTL of its last renewal.
+pub async fn renewal_sets_expiry_from_now(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let k = key("renew-from-now");
+    let mut t = timed_acquire(&b, &k, ttl).await?;
+    for i in 0..6 {
+        tokio::time::sleep_until(t.sent + ttl / 3).await;
+        let sent = Instant::now();
+        if sent >= t.trusted() {
+            return Err(format!(
+                "{INCONCLUSIVE}: renewal {i} was sent only at the end of the hold's validity"
+            ));
+        }
+        ensure!(
+            renew(&b, &k, &t.token, ttl).await?,
+            "renewal {i} of a live hold was refused"
+        );
+        t.renewed(&b, sent);
+    }
+    let other = f.open().await?;
+    expect_gone_after_expiry(&other, &k, &t, "after six renewals").await?;
+    Ok(Outcome::Passed)
+}
