@@ -279,10 +279,12 @@ fn describe_self(command: &[String]) -> String {
         .to_string_lossy()
         .into_owned();
     let since = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+    // The store keeps this text where anyone who can list holds reads it:
+    // credentials in the command line stay out.
     let text = format!(
         "host {host} pid {} since {since}: {}",
         std::process::id(),
-        command.join(" ")
+        moltlock::redact(&command.join(" "))
     );
     let clean: String = text
         .chars()

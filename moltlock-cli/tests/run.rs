@@ -1008,6 +1008,30 @@ fn item11_status_and_busy_answer_name_the_holder() {
     );
 }
 
+/// Item 11 and 8: a password in the command line never reaches the stored
+/// description, so `status` cannot show it.
+#[test]
+fn item11_descriptions_keep_command_line_secrets_out() {
+    let home = tempfile::tempdir().unwrap();
+    let pidfile = home.path().join("pid");
+    let k = key();
+    let script = format!("echo $$ > {}; sleep 2", pidfile.display());
+    let secret = "postgres://app:hunter2@db.internal/prod";
+    let mut holder = moltlock_home(home.path())
+        .args(["run", "--key", &k, "--", "sh", "-c", &script, secret])
+        .spawn()
+        .unwrap();
+    wait_pids(&pidfile, 1);
+    let status = moltlock_home(home.path())
+        .args(["status"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&status.stdout);
+    assert!(table.contains("db.internal"), "{table}");
+    assert!(!table.contains("hunter2"), "{table}");
+    assert!(holder.wait().unwrap().success());
+}
+
 /// Item 12: `status` lines up 16-digit fences (Redis fences are the
 /// server's time in µs) and shows time left as `12.3s`.
 #[test]

@@ -21,15 +21,17 @@ const CANCELLED_PAUSES: [Duration; 4] = [
 /// With `late_write` (a cancelled acquisition whose request may still land),
 /// it deletes again at growing pauses until a delete succeeds or that bound
 /// has passed, and the time limit is the release timeout on top of the
-/// bound. Without a tokio runtime here, the release is queued for the
-/// manager's renewal driver, which runs it on its next round.
+/// bound. Without a tokio runtime on this thread, it runs on the runtime the
+/// manager was built on; with neither, it is queued for the manager's
+/// renewal driver, which runs it on its next round.
 pub(crate) fn spawn_release(
     inner: &Arc<Inner>,
     key: LockKey,
     token: Token,
     late_write: Option<Duration>,
 ) {
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+    let here = tokio::runtime::Handle::try_current().ok();
+    let Some(handle) = here.or_else(|| inner.runtime.clone()) else {
         tracing::debug!(%key, "no runtime; the release waits for the renewal driver");
         inner.queue_release(Orphan {
             key,

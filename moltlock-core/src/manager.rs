@@ -176,6 +176,9 @@ pub(crate) struct Inner {
     steps: Mutex<Vec<(Instant, Duration)>>,
     /// Kept alive here; the store clock holds it weakly.
     _on_step: Option<Arc<StepListener>>,
+    /// The runtime the manager was built on, for releases asked for on a
+    /// thread without one.
+    pub(crate) runtime: Option<tokio::runtime::Handle>,
 }
 
 /// Steps remembered for confirmations still in flight.
@@ -204,6 +207,7 @@ impl Inner {
                 orphans: Mutex::default(),
                 steps: Mutex::default(),
                 _on_step: on_step,
+                runtime: tokio::runtime::Handle::try_current().ok(),
             }
         })
     }

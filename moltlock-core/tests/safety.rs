@@ -353,6 +353,63 @@ async fn cancelled_acquire_that_lands_late_leaves_no_orphan() {
     );
 }
 
+/// Lands every acquire in the store at once, and answers 100 ms later.
+#[derive(Clone, Default)]
+struct SlowReply(MemoryBackend);
+
+#[async_trait]
+impl Backend for SlowReply {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        let out = self.0.cas(key, expected, new, ttl).await;
+        sleep(Duration::from_millis(100)).await;
+        out
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        self.0.delete(key, owner).await
+    }
+}
+
+/// An acquire whose request already landed, dropped on a thread with no
+/// runtime by a manager that holds nothing (so no renewal driver runs): the
+/// cleanup runs on the manager's own runtime, not at the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_dropped_off_the_runtime_is_cleaned_up_on_the_managers_runtime() {
+    let backend = SlowReply::default();
+    let store = backend.0.clone();
+    let mgr = LockManager::builder(backend)
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let waiter = mgr.clone();
+    let mut fut = Box::pin(async move { waiter.lock("cancelled").await });
+    let early = tokio::time::timeout(Duration::from_millis(30), &mut fut).await;
+    assert!(
+        early.is_err(),
+        "the acquire answered before it could be dropped"
+    );
+    let key = LockKey::new("cancelled").unwrap();
+    assert!(
+        store.inspect(&key).await.unwrap().is_some(),
+        "the request did not land"
+    );
+    std::thread::spawn(move || drop(fut)).join().unwrap();
+    let until = Instant::now() + Duration::from_secs(3);
+    while store.inspect(&key).await.unwrap().is_some() {
+        assert!(
+            Instant::now() < until,
+            "the cancelled acquire's hold outlived its cleanup"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn guard_dropped_without_a_runtime_is_released_by_the_driver() {
     let store = MemoryBackend::new();
