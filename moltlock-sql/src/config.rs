@@ -36,8 +36,10 @@ pub enum Expiry {
     /// hold's record unchanged for the holder's whole TTL on its own
     /// monotonic clock (URL parameter `expiry=observed`). Immune to clock
     /// steps; a waiter behind a dead holder waits up to twice the TTL.
-    /// Holds live in a table of their own, `<table>_observed`, so the two
-    /// modes never judge one row differently.
+    /// Both modes use the same table and see each other's holds, so a fleet
+    /// can move between them node by node: observed-expiry nodes take over
+    /// a store-clock node's dead hold after watching it, and store-clock
+    /// nodes judge observed-expiry holds by the clock as their own.
     Observed,
 }
 

@@ -61,6 +61,8 @@ use crate::{Expiry, SqlConfig};
 
 const NAME: &str = "mysql";
 const NOW: &str = "UTC_TIMESTAMP(6)";
+/// The expiry a release writes: long past, whatever the server clock says.
+const RELEASED: &str = "'1970-01-02 00:00:00'";
 /// The holder description column (256 bytes of UTF-8 at most).
 const INFO_COL: &str = "info VARCHAR(256) CHARACTER SET utf8mb4 NULL";
 const MICROS: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
@@ -151,19 +153,24 @@ impl Statements {
             ),
             // A release expires the row instead of deleting it, so the key's
             // next fence still counts up from its last one.
+            // The epoch frees a released key whatever the clock does later;
+            // `acquired_at` records the release, for the sweep.
             delete: format!(
-                "UPDATE {t} SET expires_at = {NOW} \
+                "UPDATE {t} SET acquired_at = {NOW}, expires_at = {RELEASED} \
                  WHERE lock_key = ? AND owner = {EXACT} AND expires_at > {NOW}"
             ),
             describe: format!(
-                "UPDATE {t} SET info = ? WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
+                "UPDATE {t} SET info = ? WHERE lock_key = ? AND owner = {EXACT} AND expires_at > {NOW}"
             ),
             has_info: format!(
                 "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() \
                  AND TABLE_NAME = '{name}' AND COLUMN_NAME = 'info'"
             ),
             add_info: format!("ALTER TABLE {t} ADD COLUMN {INFO_COL}"),
-            sweep: format!("DELETE FROM {t} WHERE expires_at < {NOW} - INTERVAL ? MICROSECOND"),
+            sweep: format!(
+                "DELETE FROM {t} WHERE expires_at < {NOW} - INTERVAL ? MICROSECOND \
+                 AND acquired_at < {NOW} - INTERVAL ? MICROSECOND"
+            ),
             list: format!(
                 "SELECT lock_key, owner, fence, {left}, info FROM {t} \
                  WHERE LEFT(lock_key, CHAR_LENGTH(?)) = ? AND expires_at > {NOW} ORDER BY lock_key"
@@ -258,6 +265,7 @@ impl MySqlBackend {
     /// Store errors.
     pub async fn sweep(&self) -> Result<u64, Error> {
         let done = sqlx::query(&self.sql.sweep)
+            .bind(micros(RETENTION))
             .bind(micros(RETENTION))
             .execute(&self.pool)
             .await

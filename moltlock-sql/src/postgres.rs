@@ -15,10 +15,13 @@
 //! CREATE SEQUENCE IF NOT EXISTS "moltlock_locks_fence";
 //! CREATE TABLE IF NOT EXISTS "moltlock_locks" (
 //!     key         text        PRIMARY KEY,
-//!     owner       text        NOT NULL,
+//!     owner       text        NOT NULL,   -- '' once released
 //!     fence       bigint      NOT NULL,
-//!     expires_at  timestamptz NOT NULL,
-//!     acquired_at timestamptz NOT NULL
+//!     expires_at  timestamptz NOT NULL,   -- the epoch once released
+//!     acquired_at timestamptz NOT NULL,   -- the release time once released
+//!     info        text,                   -- the holder's description
+//!     version     bigint      NOT NULL DEFAULT 0,  -- bumped by every write
+//!     ttl_ms      bigint      NOT NULL DEFAULT 0   -- the holder's TTL
 //! );
 //! ```
 //!
@@ -33,11 +36,13 @@
 //!   acquisition's row lock. Fences of a key strictly increase across
 //!   releases, expiry, client restarts and server restarts (after a crash a
 //!   sequence may skip values, never repeat them).
-//! - Retention: a row expired for longer than [`RETENTION`] is deleted (on
-//!   connect, and after every 1,024th release of a backend). That cannot take
-//!   fences back: the sequence is past every fence ever stored
-//!   ([`Backend::raise_fence`] moves it too), so the next `nextval` exceeds
-//!   the deleted row's fence. Storage is one row (about 120 bytes plus the
+//! - Retention: a row released or expired for longer than [`RETENTION`]
+//!   is deleted (on connect, and after every 1,024th release of a backend),
+//!   unless its fence is above the sequence (a stale draw can win through
+//!   `GREATEST`; such a row stays until the sequence passes it). So the
+//!   next `nextval` exceeds every deleted fence ([`Backend::raise_fence`]
+//!   moves the sequence too). A release writes the epoch as the expiry, so
+//!   a released key is free whatever the database clock does next. Storage is one row (about 120 bytes plus the
 //!   key) per key locked within the retention window.
 //! - Waiters `LISTEN` on one channel per table over one connection per
 //!   backend, opened before their first attempt; a release sends `NOTIFY` in
@@ -93,14 +98,14 @@ struct Statements {
     observed: bool,
 }
 
-/// Adds the description column to a table made before it existed. Checked
-/// first: `ALTER TABLE` takes the table's strongest lock even when it
-/// changes nothing.
-fn add_info_column(t: &str) -> String {
+/// Adds a column to a table made before it existed. Checked first:
+/// `ALTER TABLE` takes the table's strongest lock even when it changes
+/// nothing.
+fn add_column(t: &str, column: &str, decl: &str) -> String {
     format!(
         "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_attribute \
-         WHERE attrelid = '{t}'::regclass AND attname = 'info' AND NOT attisdropped) \
-         THEN ALTER TABLE {t} ADD COLUMN info text; END IF; END $$"
+         WHERE attrelid = '{t}'::regclass AND attname = '{column}' AND NOT attisdropped) \
+         THEN ALTER TABLE {t} ADD COLUMN {column} {decl}; END IF; END $$"
     )
 }
 
@@ -112,159 +117,130 @@ impl Statements {
             Some(s) => format!("\"{s}\".\"{name}\""),
             None => format!("\"{name}\""),
         };
-        let seq = q(&format!("{table}_fence"));
+        let (t, seq) = (q(table), q(&format!("{table}_fence")));
         let mut ddl = Vec::new();
         if let Some(s) = schema {
             ddl.push(format!("CREATE SCHEMA IF NOT EXISTS \"{s}\""));
         }
         ddl.push(format!("CREATE SEQUENCE IF NOT EXISTS {seq}"));
         let logged = if cfg.unlogged { "UNLOGGED " } else { "" };
-        match cfg.checked_expiry()? {
-            Expiry::StoreClock => Ok(Self::store_clock(&q(table), &seq, logged, ddl)),
-            Expiry::Observed => Ok(Self::observed(
-                &q(&format!("{table}_observed")),
-                &seq,
-                logged,
-                ddl,
-            )),
-        }
-    }
-
-    fn store_clock(t: &str, seq: &str, logged: &str, mut ddl: Vec<String>) -> Self {
-        let ms = "$3::bigint * interval '1 millisecond'";
-        let left = "(extract(epoch FROM expires_at - now()) * 1000)::bigint";
         ddl.push(format!(
             "CREATE {logged}TABLE IF NOT EXISTS {t} (\n    key text PRIMARY KEY,\n    owner text NOT NULL,\n    \
              fence bigint NOT NULL,\n    expires_at timestamptz NOT NULL,\n    acquired_at timestamptz NOT NULL,\n    \
-             info text\n)"
+             info text,\n    version bigint NOT NULL DEFAULT 0,\n    ttl_ms bigint NOT NULL DEFAULT 0\n)"
         ));
-        ddl.push(add_info_column(t));
+        // Tables made before these columns existed.
+        ddl.push(add_column(&t, "info", "text"));
+        ddl.push(add_column(&t, "version", "bigint NOT NULL DEFAULT 0"));
+        ddl.push(add_column(&t, "ttl_ms", "bigint NOT NULL DEFAULT 0"));
+        let observed = cfg.checked_expiry()? == Expiry::Observed;
+        Ok(Self::build(&t, &seq, ddl, observed))
+    }
+
+    /// One table serves both expiry modes, so nodes in different modes
+    /// contend on the same rows: every write keeps `expires_at` (by the
+    /// database clock, for store-clock nodes) and bumps `version` with the
+    /// holder's `ttl_ms` (for observed-expiry nodes). The modes differ only
+    /// in when a held row may be taken over and in which holds count as
+    /// live: store-clock nodes judge by `expires_at`, observed-expiry nodes
+    /// only by a released row or the `(owner, version)` pair `($4, $5)` they
+    /// watched unchanged for its TTL (see `crate::observe`). A release
+    /// clears the owner and sets `expires_at` to the epoch, so a released
+    /// key is free whatever the clock does; `acquired_at` then records the
+    /// release, for the sweep.
+    fn build(t: &str, seq: &str, ddl: Vec<String>, observed: bool) -> Self {
+        let ms = "$3::bigint * interval '1 millisecond'";
+        let left = "(extract(epoch FROM expires_at - now()) * 1000)::bigint";
+        let (take_if, live) = match observed {
+            false => ("l.expires_at <= now()", "expires_at > now()"),
+            true => (
+                "l.owner = '' OR (l.owner = $4 AND l.version = $5)",
+                "owner <> ''",
+            ),
+        };
+        let held = match observed {
+            false => format!("GREATEST({left}, 0), {NOW_US}"),
+            true => "version, ttl_ms".to_owned(),
+        };
+        let granted_clock = match observed {
+            false => NOW_US,
+            true => "NULL::bigint",
+        };
+        let shown_left = match observed {
+            false => left.to_owned(),
+            true => "NULL::bigint".to_owned(),
+        };
         Self {
             // The new fence is drawn in the VALUES row before the conflict is
             // resolved, so a statement that waited on a row lock may carry an
             // older draw than the hold it replaces: `GREATEST` with the row's
             // own last fence keeps fences of the key rising.
             acquire: format!(
-                "WITH ins AS (INSERT INTO {t} AS l (key, owner, fence, expires_at, acquired_at) \
-                 VALUES ($1, $2, nextval('{seq}'), now() + {ms}, now()) \
+                "WITH ins AS (INSERT INTO {t} AS l \
+                 (key, owner, fence, expires_at, acquired_at, version, ttl_ms) \
+                 VALUES ($1, $2, nextval('{seq}'), now() + {ms}, now(), 1, $3) \
                  ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, \
                  fence = GREATEST(l.fence + 1, EXCLUDED.fence), info = NULL, \
-                 expires_at = EXCLUDED.expires_at, acquired_at = EXCLUDED.acquired_at \
-                 WHERE l.expires_at <= now() RETURNING fence) \
-                 SELECT fence, NULL::text AS owner, NULL::bigint AS left_ms, {NOW_US} AS now_us \
-                 FROM ins UNION ALL SELECT NULL, owner, GREATEST({left}, 0), {NOW_US} FROM {t} \
-                 WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
-            ),
-            renew: format!(
-                "UPDATE {t} SET expires_at = now() + {ms} \
-                 WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence, {NOW_US}"
-            ),
-            transfer: format!(
-                "UPDATE {t} SET owner = $4, fence = GREATEST(fence + 1, nextval('{seq}')), \
-                 info = NULL, acquired_at = now(), expires_at = now() + {ms} \
-                 WHERE key = $1 AND owner = $2 AND expires_at > now() RETURNING fence, {NOW_US}"
-            ),
-            // A release expires the row instead of deleting it, so the key's
-            // last fence stays there for the next acquisition to exceed.
-            delete: format!(
-                "WITH d AS (UPDATE {t} SET expires_at = now() \
-                 WHERE key = $1 AND owner = $2 AND expires_at > now() \
-                 RETURNING key) SELECT count(pg_notify($3, key)) FROM d"
-            ),
-            renew_many: format!(
-                "UPDATE {t} AS l SET expires_at = now() + x.ms * interval '1 millisecond' \
-                 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS x(key, owner, ms) \
-                 WHERE l.key = x.key AND l.owner = x.owner AND l.expires_at > now() \
-                 RETURNING l.key, l.owner, {NOW_US}"
-            ),
-            // A max on the key's row (an expired placeholder when the key has
-            // none), and the sequence moved past the floor so that a row
-            // swept later cannot take the key's fences below it.
-            raise: format!(
-                "WITH s AS (SELECT setval('{seq}', GREATEST(last_value, $2)) FROM {seq}) \
-                 INSERT INTO {t} AS l (key, owner, fence, expires_at, acquired_at) \
-                 SELECT $1, '', $2, now(), now() FROM s \
-                 ON CONFLICT (key) DO UPDATE SET fence = GREATEST(l.fence, EXCLUDED.fence)"
-            ),
-            sweep: format!(
-                "DELETE FROM {t} WHERE expires_at < now() - $1::bigint * interval '1 millisecond'"
-            ),
-            describe: format!(
-                "UPDATE {t} SET info = $3 WHERE key = $1 AND owner = $2 AND expires_at > now()"
-            ),
-            inspect: format!(
-                "SELECT key, owner, fence, {left}, info FROM {t} \
-                 WHERE key = $1 AND expires_at > now()"
-            ),
-            list: format!(
-                "SELECT key, owner, fence, {left}, info FROM {t} \
-                 WHERE left(key, length($1)) = $1 AND expires_at > now() ORDER BY key"
-            ),
-            ddl,
-            observed: false,
-        }
-    }
-
-    /// The statements of the observed-expiry mode (see `crate::observe`):
-    /// no clock decides; a renewal bumps `version`, a release clears the
-    /// owner, and an acquisition takes a released key or one whose
-    /// `(owner, version)` is `($4, $5)`.
-    fn observed(t: &str, seq: &str, logged: &str, mut ddl: Vec<String>) -> Self {
-        ddl.push(format!(
-            "CREATE {logged}TABLE IF NOT EXISTS {t} (\n    key text PRIMARY KEY,\n    owner text NOT NULL,\n    \
-             fence bigint NOT NULL,\n    version bigint NOT NULL,\n    ttl_ms bigint NOT NULL,\n    \
-             acquired_at timestamptz NOT NULL,\n    info text\n)"
-        ));
-        ddl.push(add_info_column(t));
-        Self {
-            acquire: format!(
-                "WITH ins AS (INSERT INTO {t} AS l (key, owner, fence, version, ttl_ms, acquired_at) \
-                 VALUES ($1, $2, nextval('{seq}'), 1, $3, now()) \
-                 ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, \
-                 fence = GREATEST(l.fence + 1, EXCLUDED.fence), version = l.version + 1, \
-                 ttl_ms = EXCLUDED.ttl_ms, acquired_at = EXCLUDED.acquired_at, info = NULL \
-                 WHERE l.owner = '' OR (l.owner = $4 AND l.version = $5) RETURNING fence) \
-                 SELECT fence, NULL::text AS owner, NULL::bigint AS version, NULL::bigint AS ttl_ms \
-                 FROM ins UNION ALL SELECT NULL, owner, version, ttl_ms FROM {t} \
+                 expires_at = EXCLUDED.expires_at, acquired_at = EXCLUDED.acquired_at, \
+                 version = l.version + 1, ttl_ms = EXCLUDED.ttl_ms \
+                 WHERE {take_if} RETURNING fence) \
+                 SELECT fence, NULL::text AS owner, NULL::bigint AS a, {granted_clock} AS b FROM ins \
+                 UNION ALL SELECT NULL, owner, {held} FROM {t} \
                  WHERE key = $1 AND owner <> '' AND NOT EXISTS (SELECT 1 FROM ins)"
             ),
             renew: format!(
-                "UPDATE {t} SET version = version + 1, ttl_ms = $3 \
-                 WHERE key = $1 AND owner = $2 RETURNING fence, {NOW_US}"
+                "UPDATE {t} SET expires_at = now() + {ms}, version = version + 1, ttl_ms = $3 \
+                 WHERE key = $1 AND owner = $2 AND {live} RETURNING fence, {NOW_US}"
             ),
             transfer: format!(
                 "UPDATE {t} SET owner = $4, fence = GREATEST(fence + 1, nextval('{seq}')), \
-                 version = version + 1, ttl_ms = $3, acquired_at = now(), info = NULL \
-                 WHERE key = $1 AND owner = $2 RETURNING fence, {NOW_US}"
+                 info = NULL, acquired_at = now(), expires_at = now() + {ms}, \
+                 version = version + 1, ttl_ms = $3 \
+                 WHERE key = $1 AND owner = $2 AND {live} RETURNING fence, {NOW_US}"
             ),
             delete: format!(
-                "WITH d AS (UPDATE {t} SET owner = '', version = version + 1 \
-                 WHERE key = $1 AND owner = $2 AND owner <> '' RETURNING key) \
+                "WITH d AS (UPDATE {t} SET owner = '', expires_at = 'epoch', acquired_at = now(), \
+                 version = version + 1 \
+                 WHERE key = $1 AND owner = $2 AND owner <> '' AND {live} RETURNING key) \
                  SELECT count(pg_notify($3, key)) FROM d"
             ),
             renew_many: format!(
-                "UPDATE {t} AS l SET version = l.version + 1, ttl_ms = x.ms \
+                "UPDATE {t} AS l SET expires_at = now() + x.ms * interval '1 millisecond', \
+                 version = l.version + 1, ttl_ms = x.ms \
                  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS x(key, owner, ms) \
-                 WHERE l.key = x.key AND l.owner = x.owner RETURNING l.key, l.owner, {NOW_US}"
+                 WHERE l.key = x.key AND l.owner = x.owner AND l.{live} \
+                 RETURNING l.key, l.owner, {NOW_US}"
             ),
+            // A max on the key's row (a released placeholder when the key has
+            // none), and the sequence moved past the floor.
             raise: format!(
                 "WITH s AS (SELECT setval('{seq}', GREATEST(last_value, $2)) FROM {seq}) \
-                 INSERT INTO {t} AS l (key, owner, fence, version, ttl_ms, acquired_at) \
-                 SELECT $1, '', $2, 1, 0, now() FROM s \
+                 INSERT INTO {t} AS l (key, owner, fence, expires_at, acquired_at) \
+                 SELECT $1, '', $2, 'epoch', now() FROM s \
                  ON CONFLICT (key) DO UPDATE SET fence = GREATEST(l.fence, EXCLUDED.fence)"
             ),
-            // No clock decides here, so nothing is swept by age.
-            sweep: "SELECT $1::bigint WHERE false".to_owned(),
-            describe: format!("UPDATE {t} SET info = $3 WHERE key = $1 AND owner = $2 AND owner <> ''"),
+            // Released or expired for the retention, and at or below the
+            // sequence: the next `nextval` exceeds the deleted fence. (A
+            // fence above the sequence — a stale draw that won through
+            // `GREATEST` — keeps its row until the sequence passes it.)
+            sweep: format!(
+                "DELETE FROM {t} WHERE expires_at < now() - $1::bigint * interval '1 millisecond' \
+                 AND acquired_at < now() - $1::bigint * interval '1 millisecond' \
+                 AND fence <= (SELECT last_value FROM {seq})"
+            ),
+            describe: format!(
+                "UPDATE {t} SET info = $3 WHERE key = $1 AND owner = $2 AND owner <> '' AND {live}"
+            ),
             inspect: format!(
-                "SELECT key, owner, fence, NULL::bigint, info FROM {t} WHERE key = $1 AND owner <> ''"
+                "SELECT key, owner, fence, {shown_left}, info FROM {t} \
+                 WHERE key = $1 AND owner <> '' AND {live}"
             ),
             list: format!(
-                "SELECT key, owner, fence, NULL::bigint, info FROM {t} \
-                 WHERE left(key, length($1)) = $1 AND owner <> '' ORDER BY key"
+                "SELECT key, owner, fence, {shown_left}, info FROM {t} \
+                 WHERE left(key, length($1)) = $1 AND owner <> '' AND {live} ORDER BY key"
             ),
             ddl,
-            observed: true,
+            observed,
         }
     }
 }

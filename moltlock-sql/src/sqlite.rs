@@ -63,9 +63,9 @@ struct Statements {
     describe: String,
     inspect: String,
     list: String,
-    /// Whether the table has the `info` column (tables made before it).
-    has_info: String,
-    add_info: String,
+    /// Per column added since the first schema: whether the table has it,
+    /// and how to add it (tables made before it).
+    columns: Vec<(String, String)>,
     ddl: Vec<String>,
     /// The observed-expiry mode's statements.
     observed: bool,
@@ -84,10 +84,8 @@ impl Statements {
     fn new(cfg: &SqlConfig) -> Result<Self, Error> {
         let name = cfg.checked_table()?;
         let seq = format!("\"{name}_fence\"");
-        Ok(match cfg.checked_expiry()? {
-            Expiry::StoreClock => Self::store_clock(name, &seq),
-            Expiry::Observed => Self::observed(&format!("{name}_observed"), &seq),
-        })
+        let observed = cfg.checked_expiry()? == Expiry::Observed;
+        Ok(Self::build(name, &seq, observed))
     }
 
     /// The counter table and the triggers that advance it from `name`'s fences.
@@ -111,114 +109,88 @@ impl Statements {
         ]
     }
 
-    fn store_clock(name: &str, seq: &str) -> Self {
+    /// One table serves both expiry modes (see the Postgres backend's
+    /// statements for the reasoning): every write keeps `expires_at` and
+    /// bumps `version` with the holder's `ttl_ms`; store-clock nodes take a
+    /// key over by `expires_at`, observed-expiry nodes only by the
+    /// `(owner, version)` pair `(?4, ?5)` they watched for its TTL. A
+    /// release deletes the row (the counter keeps the fence history).
+    fn build(name: &str, seq: &str, observed: bool) -> Self {
         let t = format!("\"{name}\"");
         let next = next_fence(seq);
+        let (take_if, live) = match observed {
+            false => (
+                format!("{t}.expires_at <= {NOW}"),
+                format!("expires_at > {NOW}"),
+            ),
+            true => (
+                format!("{t}.owner = ?4 AND {t}.version = ?5"),
+                "owner <> ''".to_owned(),
+            ),
+        };
+        let (holder, left) = match observed {
+            false => (
+                format!("owner, expires_at - {NOW}"),
+                format!("expires_at - {NOW}"),
+            ),
+            true => ("owner, version, ttl_ms".to_owned(), "NULL".to_owned()),
+        };
         let mut ddl = vec![format!(
             "CREATE TABLE IF NOT EXISTS {t} (key TEXT PRIMARY KEY, owner TEXT NOT NULL, \
              fence INTEGER NOT NULL, expires_at INTEGER NOT NULL, acquired_at INTEGER NOT NULL, \
-             info TEXT)"
+             info TEXT, version INTEGER NOT NULL DEFAULT 0, ttl_ms INTEGER NOT NULL DEFAULT 0)"
         )];
         ddl.extend(Self::counter_ddl(name, seq));
         Self {
             acquire: format!(
-                "INSERT INTO {t} (key, owner, fence, expires_at, acquired_at) \
-                 VALUES (?1, ?2, {next}, {NOW} + ?3, {NOW}) \
+                "INSERT INTO {t} (key, owner, fence, expires_at, acquired_at, version, ttl_ms) \
+                 VALUES (?1, ?2, {next}, {NOW} + ?3, {NOW}, 1, ?3) \
                  ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, \
-                 expires_at = excluded.expires_at, acquired_at = excluded.acquired_at, info = NULL \
-                 WHERE {t}.expires_at <= {NOW} RETURNING fence"
+                 expires_at = excluded.expires_at, acquired_at = excluded.acquired_at, info = NULL, \
+                 version = {t}.version + 1, ttl_ms = excluded.ttl_ms \
+                 WHERE {take_if} RETURNING fence"
             ),
-            holder: format!("SELECT owner, expires_at - {NOW} FROM {t} WHERE key = ?1"),
+            holder: format!("SELECT {holder} FROM {t} WHERE key = ?1"),
             renew: format!(
-                "UPDATE {t} SET expires_at = {NOW} + ?3 \
-                 WHERE key = ?1 AND owner = ?2 AND expires_at > {NOW} RETURNING fence"
+                "UPDATE {t} SET expires_at = {NOW} + ?3, version = version + 1, ttl_ms = ?3 \
+                 WHERE key = ?1 AND owner = ?2 AND {live} RETURNING fence"
             ),
             renew_many: format!(
-                "UPDATE {t} SET expires_at = {NOW} + ? \
-                 WHERE expires_at > {NOW} AND (key, owner) IN (VALUES"
+                "UPDATE {t} SET expires_at = {NOW} + ?, version = version + 1, ttl_ms = ? \
+                 WHERE {live} AND (key, owner) IN (VALUES"
             ),
             transfer: format!(
-                "UPDATE {t} SET owner = ?4, fence = {next}, acquired_at = {NOW}, expires_at = {NOW} + ?3, \
-                 info = NULL WHERE key = ?1 AND owner = ?2 AND expires_at > {NOW} RETURNING fence"
+                "UPDATE {t} SET owner = ?4, fence = {next}, acquired_at = {NOW}, \
+                 expires_at = {NOW} + ?3, info = NULL, version = version + 1, ttl_ms = ?3 \
+                 WHERE key = ?1 AND owner = ?2 AND {live} RETURNING fence"
             ),
-            delete: format!("DELETE FROM {t} WHERE key = ?1 AND owner = ?2 AND expires_at > {NOW}"),
+            delete: format!("DELETE FROM {t} WHERE key = ?1 AND owner = ?2 AND {live}"),
             raise: format!("UPDATE {seq} SET value = max(value, ?1) WHERE id = 1"),
             describe: format!(
-                "UPDATE {t} SET info = ?3 WHERE key = ?1 AND owner = ?2 AND expires_at > {NOW}"
+                "UPDATE {t} SET info = ?3 WHERE key = ?1 AND owner = ?2 AND {live}"
             ),
             inspect: format!(
-                "SELECT key, owner, fence, expires_at - {NOW}, info FROM {t} \
-                 WHERE key = ?1 AND expires_at > {NOW}"
+                "SELECT key, owner, fence, {left}, info FROM {t} WHERE key = ?1 AND {live}"
             ),
             list: format!(
-                "SELECT key, owner, fence, expires_at - {NOW}, info FROM {t} \
-                 WHERE substr(key, 1, length(?1)) = ?1 AND expires_at > {NOW} ORDER BY key"
+                "SELECT key, owner, fence, {left}, info FROM {t} \
+                 WHERE substr(key, 1, length(?1)) = ?1 AND {live} ORDER BY key"
             ),
-            has_info: format!("SELECT count(*) FROM pragma_table_info('{name}') WHERE name = 'info'"),
-            add_info: format!("ALTER TABLE {t} ADD COLUMN info TEXT"),
+            columns: [
+                ("info", "TEXT"),
+                ("version", "INTEGER NOT NULL DEFAULT 0"),
+                ("ttl_ms", "INTEGER NOT NULL DEFAULT 0"),
+            ]
+            .iter()
+            .map(|(column, decl)| {
+                (
+                    format!("SELECT count(*) FROM pragma_table_info('{name}') WHERE name = '{column}'"),
+                    format!("ALTER TABLE {t} ADD COLUMN {column} {decl}"),
+                )
+            })
+            .collect(),
             ddl,
-            observed: false,
-        }
-    }
-
-    /// The statements of the observed-expiry mode (see `crate::observe`):
-    /// no clock decides; a renewal bumps `version`, a release clears the
-    /// owner, and an acquisition takes a released key or one whose
-    /// `(owner, version)` is `(?4, ?5)`.
-    fn observed(name: &str, seq: &str) -> Self {
-        let t = format!("\"{name}\"");
-        let next = next_fence(seq);
-        let mut ddl = vec![format!(
-            "CREATE TABLE IF NOT EXISTS {t} (key TEXT PRIMARY KEY, owner TEXT NOT NULL, \
-             fence INTEGER NOT NULL, version INTEGER NOT NULL, ttl_ms INTEGER NOT NULL, \
-             acquired_at INTEGER NOT NULL, info TEXT)"
-        )];
-        ddl.extend(Self::counter_ddl(name, seq));
-        Self {
-            acquire: format!(
-                "INSERT INTO {t} (key, owner, fence, version, ttl_ms, acquired_at) \
-                 VALUES (?1, ?2, {next}, 1, ?3, {NOW}) \
-                 ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, \
-                 version = {t}.version + 1, ttl_ms = excluded.ttl_ms, \
-                 acquired_at = excluded.acquired_at, info = NULL \
-                 WHERE {t}.owner = '' OR ({t}.owner = ?4 AND {t}.version = ?5) RETURNING fence"
-            ),
-            holder: format!(
-                "SELECT owner, version, ttl_ms FROM {t} WHERE key = ?1 AND owner <> ''"
-            ),
-            renew: format!(
-                "UPDATE {t} SET version = version + 1, ttl_ms = ?3 \
-                 WHERE key = ?1 AND owner = ?2 RETURNING fence"
-            ),
-            renew_many: format!(
-                "UPDATE {t} SET version = version + 1, ttl_ms = ? \
-                 WHERE owner <> '' AND (key, owner) IN (VALUES"
-            ),
-            transfer: format!(
-                "UPDATE {t} SET owner = ?4, fence = {next}, version = version + 1, ttl_ms = ?3, \
-                 acquired_at = {NOW}, info = NULL WHERE key = ?1 AND owner = ?2 RETURNING fence"
-            ),
-            delete: format!(
-                "UPDATE {t} SET owner = '', version = version + 1 \
-                 WHERE key = ?1 AND owner = ?2 AND owner <> ''"
-            ),
-            raise: format!("UPDATE {seq} SET value = max(value, ?1) WHERE id = 1"),
-            describe: format!(
-                "UPDATE {t} SET info = ?3 WHERE key = ?1 AND owner = ?2 AND owner <> ''"
-            ),
-            inspect: format!(
-                "SELECT key, owner, fence, NULL, info FROM {t} WHERE key = ?1 AND owner <> ''"
-            ),
-            list: format!(
-                "SELECT key, owner, fence, NULL, info FROM {t} \
-                 WHERE substr(key, 1, length(?1)) = ?1 AND owner <> '' ORDER BY key"
-            ),
-            has_info: format!(
-                "SELECT count(*) FROM pragma_table_info('{name}') WHERE name = 'info'"
-            ),
-            add_info: format!("ALTER TABLE {t} ADD COLUMN info TEXT"),
-            ddl,
-            observed: true,
+            observed,
         }
     }
 }
@@ -317,17 +289,19 @@ impl SqliteBackend {
                 .await
                 .map_err(|e| map(NAME, e))?;
         }
-        // Tables made before descriptions existed (inside the same write
+        // Tables made before some columns existed (inside the same write
         // transaction, so two processes cannot both add the column).
-        let has_info: i64 = sqlx::query_scalar(&self.sql.has_info)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        if has_info == 0 {
-            sqlx::query(&self.sql.add_info)
-                .execute(&mut *tx)
+        for (has, add) in &self.sql.columns {
+            let present: i64 = sqlx::query_scalar(has)
+                .fetch_one(&mut *tx)
                 .await
                 .map_err(|e| map(NAME, e))?;
+            if present == 0 {
+                sqlx::query(add)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| map(NAME, e))?;
+            }
         }
         tx.commit().await.map_err(|e| map(NAME, e))
     }
@@ -456,7 +430,8 @@ impl SqliteBackend {
                 self.sql.renew_many,
                 pair_placeholders(idx.len())
             );
-            let mut query = sqlx::query(&sql).bind(millis(ttl));
+            // The TTL twice: the new expiry, and the TTL a watcher waits.
+            let mut query = sqlx::query(&sql).bind(millis(ttl)).bind(millis(ttl));
             for &i in &idx {
                 query = query
                     .bind(items[i].key.as_str())

@@ -38,7 +38,7 @@ fn acquired(out: &CasOutcome) -> Option<u64> {
 /// A holder that stopped renewing is taken over only once the waiter has
 /// watched its unchanged record for its TTL, and then with a higher fence.
 async fn dead_holder_is_taken_after_a_full_ttl(holder: Arc<dyn Backend>, waiter: Arc<dyn Backend>) {
-    let key = LockKey::new(format!("observed/{}", Token::random())).unwrap();
+    let key = LockKey::new(format!("observed/dead/{}", Token::random())).unwrap();
     let first = acquired(&holder.cas(&key, None, &Token::random(), TTL).await.unwrap()).unwrap();
     sleep(TTL * 2).await; // long dead: a wall-clock store would free it now
     let looked = Instant::now();
@@ -71,7 +71,7 @@ async fn dead_holder_is_taken_after_a_full_ttl(holder: Arc<dyn Backend>, waiter:
 /// A holder that keeps renewing is never taken over; its release frees the
 /// key at once.
 async fn live_holder_is_never_taken(holder: Arc<dyn Backend>, waiter: Arc<dyn Backend>) {
-    let key = format!("observed/{}", Token::random());
+    let key = format!("observed/live/{}", Token::random());
     let held = LockManager::builder_arc(holder).ttl(TTL).build().unwrap();
     let guard = held.lock(&key).await.unwrap();
     let other = LockManager::builder_arc(waiter).ttl(TTL).build().unwrap();
@@ -94,10 +94,13 @@ async fn live_holder_is_never_taken(holder: Arc<dyn Backend>, waiter: Arc<dyn Ba
     next.release().await.unwrap();
 }
 
-async fn clean_pg() {
+/// Deletes the rows this file's tests made under `prefix` (each test has its
+/// own, since they run at once).
+async fn clean_pg(prefix: &str) {
     let url = postgres::shared_url().unwrap();
     let b = PostgresBackend::connect(&url).await.unwrap();
-    sqlx::query("DELETE FROM moltlock_locks_observed WHERE key LIKE 'observed/%'")
+    sqlx::query("DELETE FROM moltlock_locks WHERE left(key, length($1)) = $1")
+        .bind(prefix)
         .execute(b.pool())
         .await
         .unwrap();
@@ -107,7 +110,8 @@ async fn clean_pg() {
 async fn postgres_observed_expiry() {
     dead_holder_is_taken_after_a_full_ttl(pg().await, pg().await).await;
     live_holder_is_never_taken(pg().await, pg().await).await;
-    clean_pg().await;
+    clean_pg("observed/dead/").await;
+    clean_pg("observed/live/").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,6 +120,52 @@ async fn sqlite_observed_expiry() {
     let path = dir.path().join("observed.db").display().to_string();
     dead_holder_is_taken_after_a_full_ttl(sqlite(&path).await, sqlite(&path).await).await;
     live_holder_is_never_taken(sqlite(&path).await, sqlite(&path).await).await;
+}
+
+/// Nodes in the two modes share one table, so a fleet switched node by node
+/// never has two holders: each sees the other's holds.
+async fn modes_see_each_others_holds(plain: Arc<dyn Backend>, observed: Arc<dyn Backend>) {
+    for (holder, other) in [(&plain, &observed), (&observed, &plain)] {
+        let key = format!("observed/mixed/{}", Token::random());
+        let held = LockManager::builder_arc(holder.clone())
+            .ttl(TTL)
+            .build()
+            .unwrap();
+        let guard = held.lock(&key).await.unwrap();
+        let rival = LockManager::builder_arc(other.clone())
+            .ttl(TTL)
+            .build()
+            .unwrap();
+        assert!(
+            rival.try_lock(&key).await.unwrap().is_none(),
+            "two holders of {key}"
+        );
+        let first = guard.fence();
+        guard.release().await.unwrap();
+        let next = rival
+            .try_lock(&key)
+            .await
+            .unwrap()
+            .expect("a released key is free");
+        assert!(next.fence() > first);
+        next.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_modes_share_holds() {
+    let url = postgres::shared_url().unwrap();
+    let plain: Arc<dyn Backend> = Arc::new(PostgresBackend::connect(&url).await.unwrap());
+    modes_see_each_others_holds(plain, pg().await).await;
+    clean_pg("observed/mixed/").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_modes_share_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mixed.db").display().to_string();
+    let plain: Arc<dyn Backend> = Arc::new(SqliteBackend::connect(&path).await.unwrap());
+    modes_see_each_others_holds(plain, sqlite(&path).await).await;
 }
 
 #[tokio::test]

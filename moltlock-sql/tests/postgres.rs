@@ -270,3 +270,108 @@ async fn server_clock_step_renews_every_hold_at_once() {
     assert!(a.is_held());
     assert!(a.valid_for().unwrap() <= before);
 }
+
+/// A statement that drew its `nextval` early and waited on the row can win
+/// with the row's last fence + 1, above the sequence. The sweep must then
+/// keep that row, or the next fresh fence would repeat it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_keeps_a_row_whose_fence_is_above_the_sequence() {
+    use sqlx::Connection;
+    let url = shared();
+    let table = format!("sweep_{}", uuid_suffix());
+    let b = PostgresBackend::with_config(SqlConfig::new(&url).table(&table))
+        .await
+        .unwrap();
+    let key: moltlock_core::LockKey = "k".parse().unwrap();
+    let ttl = Duration::from_secs(30);
+    let fenced = |out: moltlock_core::CasOutcome| match out {
+        moltlock_core::CasOutcome::Acquired { fence } => fence,
+        other => panic!("not acquired: {other:?}"),
+    };
+    let t0 = Token::random();
+    fenced(b.cas(&key, None, &t0, ttl).await.unwrap());
+    assert!(b.delete(&key, &t0).await.unwrap());
+    // Another client takes and releases the key while `a`, which drew its
+    // sequence value first, waits on the row lock.
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    let lock_row = format!("SELECT fence FROM \"{table}\" WHERE key = 'k' FOR UPDATE");
+    sqlx::query(&lock_row).execute(&mut *tx).await.unwrap();
+    let waiting = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move { b.cas(&key, None, &Token::random(), ttl).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let take = format!(
+        "UPDATE \"{table}\" SET owner = 'b', fence = GREATEST(fence + 1, nextval('\"{table}_fence\"')), \
+         expires_at = now() + interval '30 s' WHERE key = 'k'"
+    );
+    sqlx::query(&take).execute(&mut *tx).await.unwrap();
+    let release =
+        format!("UPDATE \"{table}\" SET owner = '', expires_at = 'epoch' WHERE key = 'k'");
+    sqlx::query(&release).execute(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+    let won = fenced(waiting.await.unwrap().unwrap());
+    let last: i64 = sqlx::query_scalar(&format!("SELECT last_value FROM \"{table}_fence\""))
+        .fetch_one(b.pool())
+        .await
+        .unwrap();
+    assert!(
+        won.get() > u64::try_from(last).unwrap(),
+        "the stale draw did not win above the sequence"
+    );
+    // The winner releases, and an hour passes.
+    let row_owner: String =
+        sqlx::query_scalar(&format!("SELECT owner FROM \"{table}\" WHERE key = 'k'"))
+            .fetch_one(b.pool())
+            .await
+            .unwrap();
+    assert!(b
+        .delete(&key, &Token::from_stored(row_owner))
+        .await
+        .unwrap());
+    let age = format!(
+        "UPDATE \"{table}\" SET expires_at = now() - interval '2 h', acquired_at = now() - interval '2 h'"
+    );
+    sqlx::query(&age).execute(b.pool()).await.unwrap();
+    b.sweep().await.unwrap();
+    let next = fenced(b.cas(&key, None, &Token::random(), ttl).await.unwrap());
+    assert!(
+        next > won,
+        "fence {next} after {won}: the sweep lost the key's last fence"
+    );
+    for drop_it in [
+        format!("DROP TABLE \"{table}\""),
+        format!("DROP SEQUENCE \"{table}_fence\""),
+    ] {
+        sqlx::query(&drop_it).execute(b.pool()).await.unwrap();
+    }
+}
+
+/// A release frees the key whatever the database clock does next: a step
+/// back by an hour must not make the released hold look live again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_key_is_free_after_the_clock_steps_back() {
+    let clock = moltlock_conformance::fixtures::clock::FakeClock::new().unwrap();
+    let opts = PgOptions {
+        clock_file: Some(clock.path()),
+        ..PgOptions::default()
+    };
+    let server = postgres::start(&opts).unwrap_or_else(|e| panic!("{e}"));
+    let b = PostgresBackend::connect(&server.url).await.unwrap();
+    let mgr = LockManager::new(b.clone());
+    let g = mgr.lock("stepped-back").await.unwrap();
+    g.release().await.unwrap();
+    clock.step("-1h").unwrap();
+    let again = mgr.try_lock("stepped-back").await.unwrap();
+    assert!(
+        again.is_some(),
+        "a released key looked held after the clock stepped back"
+    );
+    let shown = b.list("stepped").await.unwrap();
+    assert_eq!(
+        shown.len(),
+        1,
+        "the new hold is the only one shown: {shown:?}"
+    );
+}
