@@ -147,6 +147,24 @@ impl RedisBackend {
         check_ttl(ttl, CAPABILITIES.min_ttl)
     }
 
+    /// A new hold may not outlive the restart quarantine: after a restart
+    /// without persistence its holder may believe it holds for up to its
+    /// TTL, so a shorter quarantine would grant the key beside it.
+    fn check_quarantine(&self, ttl: Duration) -> Result<(), Error> {
+        match self.inner.cfg.restart_quarantine() {
+            Some(q) if ttl > q => Err(Error::InvalidTtl {
+                ttl,
+                reason: format!(
+                    "the Redis restart quarantine is {q:?}, shorter than this TTL: after a \
+                     restart another client could be granted the key while this holder still \
+                     believes it holds it; raise restart_quarantine_ms to at least the TTL, \
+                     or turn it off with 0 for a durable Redis"
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     async fn notifier(&self) -> &Notifier {
         self.inner
             .notifier
@@ -288,6 +306,9 @@ impl Backend for RedisBackend {
         ttl: Duration,
     ) -> Result<CasOutcome, Error> {
         self.check(key, ttl)?;
+        if expected.is_none() {
+            self.check_quarantine(ttl)?;
+        }
         let layout = &self.inner.layout;
         let (lock, fence, ttl) = (layout.lock(key), layout.fence(key), millis(ttl));
         let info = layout.info(key);

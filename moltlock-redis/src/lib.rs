@@ -78,7 +78,9 @@
 //! reads `uptime_in_seconds` from `INFO server` and reports the key held
 //! (no holder) for the rest of the quarantine. The old holders' renewals are
 //! refused meanwhile (a renewal never recreates a vanished key) and their
-//! `lost()` fires. **Set it to at least the longest TTL any client uses**
+//! `lost()` fires. A new hold whose TTL is longer than the quarantine is
+//! refused (`Error::InvalidTtl`), since it could outlive the quarantine.
+//! **Set it to at least the longest TTL any client uses**
 //! ([`RedisConfigBuilder::restart_quarantine`], URL `restart_quarantine_ms`):
 //! then even a holder cut off from the server has passed its own deadline
 //! before anyone else is granted a key.

@@ -357,3 +357,31 @@ async fn quarantine_closes_the_restart_window() -> TestResult {
     g2.release().await?;
     Ok(())
 }
+
+/// A hold longer than the restart quarantine would outlive it after a
+/// restart: it is refused with a clear error, and allowed once the
+/// quarantine covers it (or is off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_longer_than_the_quarantine_is_refused() -> TestResult {
+    let redis = fx::start_owned()?;
+    let short = RedisBackend::connect(quarantined(&redis.url(), Duration::from_secs(2))?).await?;
+    let key = LockKey::new("quarantine/ttl")?;
+    match short
+        .cas(&key, None, &Token::random(), Duration::from_secs(5))
+        .await
+    {
+        Err(Error::InvalidTtl { reason, .. }) => {
+            assert!(reason.contains("restart_quarantine_ms"), "{reason}");
+        }
+        other => return Err(format!("a 5 s hold under a 2 s quarantine: {other:?}").into()),
+    }
+    let off = RedisBackend::connect(RedisConfig::from_url(&redis.url())?).await?;
+    let t = Token::random();
+    let out = off.cas(&key, None, &t, Duration::from_secs(5)).await?;
+    assert!(
+        matches!(out, moltlock_core::CasOutcome::Acquired { .. }),
+        "{out:?}"
+    );
+    assert!(off.delete(&key, &t).await?);
+    Ok(())
+}
