@@ -15,6 +15,11 @@ use moltlock_core::{
 };
 use tokio::time::{sleep, Instant};
 
+/// A manager over `backend` with `ttl`.
+fn manager(backend: impl Backend, ttl: Duration) -> LockManager {
+    LockManager::builder(backend).ttl(ttl).build().unwrap()
+}
+
 /// Applies the first acquire twice, as a client that re-sends a request
 /// after a lost reply, and answers with the second outcome.
 #[derive(Clone, Default)]
@@ -43,10 +48,7 @@ impl Backend for AppliedTwice {
 
 #[tokio::test(start_paused = true)]
 async fn own_hold_applied_twice_is_not_waited_on() {
-    let mgr = LockManager::builder(AppliedTwice::default())
-        .ttl(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let mgr = manager(AppliedTwice::default(), Duration::from_secs(30));
     let started = Instant::now();
     let guard = mgr.lock_timeout("k", Duration::from_secs(5)).await.unwrap();
     assert!(
@@ -114,10 +116,7 @@ impl Backend for SlowFair {
 async fn fair_grant_deadline_counts_from_before_the_call() {
     let backend = SlowFair::default();
     let store = backend.store.clone();
-    let mgr = LockManager::builder(backend)
-        .ttl(Duration::from_secs(1))
-        .build()
-        .unwrap();
+    let mgr = manager(backend, Duration::from_secs(1));
     let opts = moltlock_core::LockOptions::new().fair();
     let guard = mgr.acquire("k", opts).await.unwrap().unwrap();
     let key = LockKey::new("k").unwrap();
@@ -188,10 +187,7 @@ impl Backend for Hanging {
 #[tokio::test(start_paused = true)]
 async fn hung_renewal_does_not_stall_other_holds() {
     let backend = Hanging::default();
-    let mgr = LockManager::builder(backend.clone())
-        .ttl(Duration::from_secs(3))
-        .build()
-        .unwrap();
+    let mgr = manager(backend.clone(), Duration::from_secs(3));
     let slow = mgr.lock("slow").await.unwrap();
     backend.hang("slow");
     sleep(Duration::from_millis(1100)).await; // its renewal (at 1 s) hangs now
@@ -334,10 +330,7 @@ impl Backend for LandsLate {
 async fn cancelled_acquire_that_lands_late_leaves_no_orphan() {
     let backend = LandsLate::default();
     let store = backend.0.clone();
-    let mgr = LockManager::builder(backend)
-        .ttl(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let mgr = manager(backend, Duration::from_secs(60));
     let res = mgr.lock_timeout("k", Duration::from_millis(200)).await;
     assert!(matches!(res, Err(Error::Timeout { .. })), "{res:?}");
     let key = LockKey::new("k").unwrap();
@@ -383,10 +376,7 @@ impl Backend for SlowReply {
 async fn acquire_dropped_off_the_runtime_is_cleaned_up_on_the_managers_runtime() {
     let backend = SlowReply::default();
     let store = backend.0.clone();
-    let mgr = LockManager::builder(backend)
-        .ttl(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let mgr = manager(backend, Duration::from_secs(30));
     let waiter = mgr.clone();
     let mut fut = Box::pin(async move { waiter.lock("cancelled").await });
     let early = tokio::time::timeout(Duration::from_millis(30), &mut fut).await;
@@ -413,10 +403,7 @@ async fn acquire_dropped_off_the_runtime_is_cleaned_up_on_the_managers_runtime()
 #[tokio::test(start_paused = true)]
 async fn guard_dropped_without_a_runtime_is_released_by_the_driver() {
     let store = MemoryBackend::new();
-    let mgr = LockManager::builder(store.clone())
-        .ttl(Duration::from_secs(3))
-        .build()
-        .unwrap();
+    let mgr = manager(store.clone(), Duration::from_secs(3));
     let _other = mgr.lock("other").await.unwrap();
     let dropped = mgr.lock("dropped").await.unwrap();
     std::thread::spawn(move || drop(dropped)).join().unwrap();
