@@ -21,9 +21,9 @@ const CANCELLED_PAUSES: [Duration; 4] = [
 /// With `late_write` (a cancelled acquisition whose request may still land),
 /// it deletes again at growing pauses until a delete succeeds or that bound
 /// has passed, and the time limit is the release timeout on top of the
-/// bound. Without a tokio runtime on this thread, it runs on the runtime the
-/// manager was built on; with neither, it is queued for the manager's
-/// renewal driver, which runs it on its next round.
+/// bound. On a thread with no tokio runtime, it runs on the runtime the
+/// manager first acquired on; once that runtime is gone too, the hold lives
+/// until its TTL.
 pub(crate) fn spawn_release(
     inner: &Arc<Inner>,
     key: LockKey,
@@ -31,13 +31,8 @@ pub(crate) fn spawn_release(
     late_write: Option<Duration>,
 ) {
     let here = tokio::runtime::Handle::try_current().ok();
-    let Some(handle) = here.or_else(|| inner.runtime.clone()) else {
-        tracing::debug!(%key, "no runtime; the release waits for the renewal driver");
-        inner.queue_release(Orphan {
-            key,
-            token,
-            late_write,
-        });
+    let Some(handle) = here.or_else(|| inner.runtime.get().cloned()) else {
+        tracing::debug!(%key, "no runtime; the hold lives until its TTL");
         return;
     };
     let backend = inner.backend.clone();
@@ -50,20 +45,6 @@ pub(crate) fn spawn_release(
             tracing::debug!(%key, "best-effort release timed out");
         }
     });
-}
-
-/// A release that could not be spawned where it was asked for.
-pub(crate) struct Orphan {
-    key: LockKey,
-    token: Token,
-    late_write: Option<Duration>,
-}
-
-/// Spawns the releases queued where no runtime could run them.
-pub(crate) fn release_orphans(inner: &Arc<Inner>) {
-    for orphan in inner.take_orphans() {
-        spawn_release(inner, orphan.key, orphan.token, orphan.late_write);
-    }
 }
 
 async fn delete_until_gone(

@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::cleanup::{Orphan, PendingAcquire};
+use crate::cleanup::PendingAcquire;
 use crate::clock::StepListener;
 use crate::hold::{Grant, Hold};
 use crate::{
@@ -171,14 +171,15 @@ pub(crate) struct Inner {
     pub(crate) registry: Mutex<Registry>,
     pub(crate) wake: Arc<Notify>,
     next_id: AtomicU64,
-    orphans: Mutex<Vec<Orphan>>,
     /// Forward steps of the store's clock: when each was seen, and its size.
     steps: Mutex<Vec<(Instant, Duration)>>,
     /// Kept alive here; the store clock holds it weakly.
     _on_step: Option<Arc<StepListener>>,
-    /// The runtime the manager was built on, for releases asked for on a
-    /// thread without one.
-    pub(crate) runtime: Option<tokio::runtime::Handle>,
+    /// The runtime the manager was built or first acquired on, for releases
+    /// asked for on a thread without one (a guard or an acquire future
+    /// dropped there). Every hold is taken inside an acquire, so it is set
+    /// before any release can be asked for.
+    pub(crate) runtime: std::sync::OnceLock<tokio::runtime::Handle>,
 }
 
 /// Steps remembered for confirmations still in flight.
@@ -204,10 +205,11 @@ impl Inner {
                 registry: Mutex::new(Registry::default()),
                 wake: Arc::new(Notify::new()),
                 next_id: AtomicU64::new(1),
-                orphans: Mutex::default(),
                 steps: Mutex::default(),
                 _on_step: on_step,
-                runtime: tokio::runtime::Handle::try_current().ok(),
+                runtime: tokio::runtime::Handle::try_current()
+                    .map(std::sync::OnceLock::from)
+                    .unwrap_or_default(),
             }
         })
     }
@@ -240,23 +242,6 @@ impl Inner {
             .map(|(_, step)| *step)
             .sum();
         expiry.checked_sub(stepped).unwrap_or(sent_at)
-    }
-
-    /// Queues a release for the renewal driver (from a thread with no
-    /// runtime) and wakes it.
-    pub(crate) fn queue_release(&self, orphan: Orphan) {
-        match self.orphans.lock() {
-            Ok(mut q) => q.push(orphan),
-            Err(poisoned) => poisoned.into_inner().push(orphan),
-        }
-        self.wake.notify_one();
-    }
-
-    pub(crate) fn take_orphans(&self) -> Vec<Orphan> {
-        match self.orphans.lock() {
-            Ok(mut q) => std::mem::take(&mut *q),
-            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
-        }
     }
 
     pub(crate) fn registry(&self) -> MutexGuard<'_, Registry> {
@@ -408,6 +393,11 @@ impl LockManager {
     ) -> Result<Option<LockGuard>, Error> {
         let key = LockKey::new(key.as_ref())?;
         key.check_len(self.inner.caps.max_key_len)?;
+        if self.inner.runtime.get().is_none() {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                let _ = self.inner.runtime.set(handle);
+            }
+        }
         let ttl = opts.ttl.unwrap_or(self.inner.cfg.ttl);
         check_ttl(ttl, self.inner.caps.min_ttl)?;
         if let Some(text) = &opts.description {

@@ -43,7 +43,6 @@ pub(crate) async fn drive(inner: Weak<Inner>, wake: Arc<Notify>) {
 /// is in at most one batch at a time. Returns when to look again, or `None`
 /// (having cleared the driver slot) when the manager holds nothing.
 fn round(inner: &Arc<Inner>) -> Option<Instant> {
-    crate::cleanup::release_orphans(inner);
     let holds = snapshot(inner)?;
     let now = Instant::now();
     for hold in holds.iter().filter(|h| h.valid_until() <= now) {

@@ -401,7 +401,7 @@ async fn acquire_dropped_off_the_runtime_is_cleaned_up_on_the_managers_runtime()
 }
 
 #[tokio::test(start_paused = true)]
-async fn guard_dropped_without_a_runtime_is_released_by_the_driver() {
+async fn guard_dropped_without_a_runtime_is_released_on_the_managers_runtime() {
     let store = MemoryBackend::new();
     let mgr = manager(store.clone(), Duration::from_secs(3));
     let _other = mgr.lock("other").await.unwrap();

@@ -55,3 +55,37 @@ async fn many_holds_stay_renewed() {
     assert_eq!(lost, 0, "{lost} of 2000 holds were lost");
     assert_eq!(manager.held_count(), 2000);
 }
+
+/// A release writes an expiry long past, not the server's current time, so
+/// a later backward step of the server clock cannot make the released hold
+/// look live again; the release time goes to `acquired_at`, for the sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_writes_an_expiry_no_clock_step_revives() {
+    use sqlx::Connection;
+    let url = url().unwrap_or_else(|e| panic!("{e}"));
+    let table = format!("rel_{}", &moltlock_core::Token::random().as_str()[..8]);
+    let backend = MySqlBackend::with_config(SqlConfig::new(&url).table(&table))
+        .await
+        .unwrap();
+    let manager = moltlock_core::LockManager::new(backend);
+    manager.lock("k").await.unwrap().release().await.unwrap();
+    let mut conn = sqlx::MySqlConnection::connect(&url).await.unwrap();
+    let (past, recent): (i64, i64) = sqlx::query_as(&format!(
+        "SELECT expires_at < '2000-01-01', acquired_at > UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE \
+         FROM `{table}` WHERE lock_key = 'k'"
+    ))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    for stmt in [
+        format!("DROP TABLE `{table}`"),
+        format!("DROP TABLE `{table}_floor`"),
+    ] {
+        sqlx::query(&stmt).execute(&mut conn).await.unwrap();
+    }
+    assert_eq!(
+        past, 1,
+        "the release wrote an expiry a backward clock step can revive"
+    );
+    assert_eq!(recent, 1, "the release time was not recorded for the sweep");
+}
