@@ -37,18 +37,18 @@ fn sqlite_url(dir: &tempfile::TempDir) -> String {
 fn other_stores() -> (Vec<String>, Vec<Box<dyn std::any::Any>>) {
     let mut urls = Vec::new();
     let mut keep: Vec<Box<dyn std::any::Any>> = Vec::new();
-    match moltlock_conformance::fixtures::redis::redis() {
+    match moltlock_fixtures::redis::redis() {
         Ok(r) => {
             urls.push(r.url());
             keep.push(Box::new(r));
         }
         Err(e) => eprintln!("smoke: no Redis ({e}); skipping it"),
     }
-    match moltlock_conformance::fixtures::postgres::shared_url() {
+    match moltlock_fixtures::postgres::shared_url() {
         Ok(u) => urls.push(u),
         Err(e) => eprintln!("smoke: no Postgres ({e}); skipping it"),
     }
-    match moltlock_conformance::fixtures::etcd::etcd() {
+    match moltlock_fixtures::etcd::etcd() {
         Ok(e) => {
             urls.push(e.url());
             keep.push(Box::new(e));

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::thread;
 
-use moltlock_conformance::fixtures;
+use moltlock_fixtures as fixtures;
 
 const BIN: &str = env!("CARGO_BIN_EXE_moltlock");
 

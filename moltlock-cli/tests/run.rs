@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use moltlock_conformance::fixtures;
+use moltlock_fixtures as fixtures;
 
 const BIN: &str = env!("CARGO_BIN_EXE_moltlock");
 

@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use moltlock_conformance::fixtures::etcd::EtcdCluster;
 use moltlock_conformance::{FencedResource, OverlapDetector};
 use moltlock_core::{LockManager, RetryPolicy};
 use moltlock_etcd::{EtcdBackend, EtcdConfig};
+use moltlock_fixtures::etcd::EtcdCluster;
 use tokio::time::Instant;
 
 const TASKS: usize = 8;

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use moltlock_conformance::fixtures::etcd::{etcd, Etcd};
 use moltlock_etcd::{EtcdBackend, EtcdConfig};
+use moltlock_fixtures::etcd::{etcd, Etcd};
 
 fn store() -> moltlock_conformance::Factory {
     let server: Arc<Result<Etcd, String>> = Arc::new(etcd());

@@ -4,11 +4,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use moltlock_conformance::fixtures::etcd::{etcd, start_single, Etcd};
 use moltlock_core::{
     Backend, CasOutcome, Error, LockKey, LockManager, LockOptions, RetryPolicy, Token,
 };
 use moltlock_etcd::{EtcdBackend, EtcdConfig};
+use moltlock_fixtures::etcd::{etcd, start_single, Etcd};
 use tokio::time::Instant;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use moltlock_conformance::fixtures::etcd::{make_certs, start_tls, TestCerts};
 use moltlock_core::{Error, LockManager};
 use moltlock_etcd::{EtcdBackend, EtcdConfig, EtcdConfigBuilder};
+use moltlock_fixtures::certs::{self, TestCerts};
+use moltlock_fixtures::etcd::start_tls;
 
 fn tls_config(endpoint: &str, certs: &TestCerts) -> EtcdConfigBuilder {
     EtcdConfig::builder([endpoint.to_owned()])
@@ -27,7 +28,7 @@ async fn enable_auth(endpoint: &str, certs: &TestCerts) -> Result<(), Box<dyn st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_and_auth() -> Result<(), Box<dyn std::error::Error>> {
-    let certs = make_certs()?;
+    let certs = certs::make()?;
     let server = start_tls(&certs)?;
     let ep = server.endpoint();
     enable_auth(&ep, &certs).await?;

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use moltlock_conformance::fixtures::redis as fx;
 use moltlock_core::{Backend, Error, LockKey, LockManager, RenewItem, Token};
+use moltlock_fixtures::redis as fx;
 use moltlock_redis::{Mode, RedisBackend};
 
 fn cluster_store() -> moltlock_conformance::Factory {

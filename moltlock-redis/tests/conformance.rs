@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use moltlock_conformance::fixtures::redis as fx;
 use moltlock_core::Error;
+use moltlock_fixtures::redis as fx;
 use moltlock_redis::{RedisBackend, RedisConfig};
 
 fn store() -> moltlock_conformance::Factory {

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use moltlock_conformance::fixtures::redis as fx;
 use moltlock_core::{Backend, Error, LockKey, LockManager, LostReason, Token};
+use moltlock_fixtures::redis as fx;
 use moltlock_redis::{RedisBackend, RedisConfig};
 use tokio::time::Instant;
 
@@ -96,7 +96,7 @@ async fn flushed_script_cache_is_reloaded() -> TestResult {
 /// Nothing listening: a clean, retryable error, quickly.
 #[tokio::test]
 async fn closed_port_is_unavailable() -> TestResult {
-    let port = moltlock_conformance::fixtures::free_port()?;
+    let port = moltlock_fixtures::free_port()?;
     let started = Instant::now();
     let err = RedisBackend::connect(fast(&format!("redis://127.0.0.1:{port}"))?)
         .await

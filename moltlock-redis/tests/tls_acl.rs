@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use moltlock_conformance::fixtures::redis as fx;
 use moltlock_core::{Backend, Error, LockKey, Token};
+use moltlock_fixtures::redis as fx;
 use moltlock_redis::{RedisBackend, RedisConfig};
 
 /// The commands, keys and channels the backend needs, and nothing else.
@@ -115,7 +115,7 @@ async fn keys_outside_the_acl_are_auth_errors() -> Result<(), Box<dyn std::error
 #[tokio::test]
 async fn untrusted_certificate_is_refused() -> Result<(), Box<dyn std::error::Error>> {
     let server = start()?;
-    let other = fx::make_tls_files()?;
+    let other = moltlock_fixtures::certs::make()?;
     let cfg = RedisConfig::builder()
         .url(&server.redis.url())?
         .username("locker")

@@ -5,8 +5,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use moltlock_conformance::fixtures::redis as fx;
 use moltlock_core::{LockManager, RetryPolicy};
+use moltlock_fixtures::redis as fx;
 use moltlock_redis::{RedisBackend, RedisConfig};
 use tokio::time::Instant;
 

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use moltlock_conformance::fixtures::postgres;
 use moltlock_core::{Backend, CasOutcome, Error, LockKey, LockManager, Token};
+use moltlock_fixtures::postgres;
 use moltlock_sql::{Expiry, PostgresBackend, SqlConfig, SqliteBackend};
 use tokio::time::{sleep, Instant};
 

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use moltlock_conformance::fixtures::postgres::{self, PgOptions};
 use moltlock_core::{Backend, Error, LockManager, Token};
+use moltlock_fixtures::postgres::{self, PgOptions};
 use moltlock_sql::{PostgresBackend, SqlConfig};
 
 fn pg() -> moltlock_conformance::Factory {
@@ -106,7 +106,7 @@ async fn ddl_is_documented_for_operators() {
 
 #[tokio::test]
 async fn down_server_is_unavailable() {
-    let port = moltlock_conformance::fixtures::free_port().unwrap();
+    let port = moltlock_fixtures::free_port().unwrap();
     let cfg = SqlConfig::new(format!("postgres://postgres@127.0.0.1:{port}/postgres"))
         .acquire_timeout(Duration::from_secs(2));
     let res = PostgresBackend::with_config(cfg).await;
@@ -240,7 +240,7 @@ async fn scram_password_over_tls() {
 /// their rows get a full TTL again instead of expiring early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_clock_step_renews_every_hold_at_once() {
-    let clock = moltlock_conformance::fixtures::clock::FakeClock::new().unwrap();
+    let clock = moltlock_fixtures::clock::FakeClock::new().unwrap();
     let opts = PgOptions {
         clock_file: Some(clock.path()),
         ..PgOptions::default()
@@ -352,7 +352,7 @@ async fn sweep_keeps_a_row_whose_fence_is_above_the_sequence() {
 /// back by an hour must not make the released hold look live again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn released_key_is_free_after_the_clock_steps_back() {
-    let clock = moltlock_conformance::fixtures::clock::FakeClock::new().unwrap();
+    let clock = moltlock_fixtures::clock::FakeClock::new().unwrap();
     let opts = PgOptions {
         clock_file: Some(clock.path()),
         ..PgOptions::default()

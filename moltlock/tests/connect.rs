@@ -53,8 +53,7 @@ async fn redis_url() {
 #[cfg(feature = "etcd")]
 #[tokio::test]
 async fn etcd_url() {
-    let etcd =
-        moltlock_conformance::fixtures::etcd::start_single().unwrap_or_else(|e| panic!("{e}"));
+    let etcd = moltlock_fixtures::etcd::start_single().unwrap_or_else(|e| panic!("{e}"));
     lock_once(&format!("etcd://{}", etcd.endpoint()), "etcd").await;
 }
 

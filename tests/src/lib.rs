@@ -59,7 +59,6 @@
 
 pub mod broken;
 pub mod cases;
-pub mod fixtures;
 mod support;
 
 use std::future::Future;

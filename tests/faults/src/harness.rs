@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use moltlock_conformance::fixtures::signal;
+use moltlock_fixtures::signal;
 
 use crate::check::{check, Verdict};
 use crate::now_ns;
@@ -211,7 +211,7 @@ impl Harness {
     }
 
     /// Starts every later worker with these environment variables (e.g.
-    /// under a [`FakeClock`](moltlock_conformance::fixtures::clock::FakeClock)).
+    /// under a [`FakeClock`](moltlock_fixtures::clock::FakeClock)).
     pub fn with_worker_env(mut self, env: Vec<(String, String)>) -> Self {
         self.worker_env = env;
         self

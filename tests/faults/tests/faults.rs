@@ -8,10 +8,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use moltlock_conformance::fixtures;
-use moltlock_conformance::fixtures::clock::FakeClock;
 use moltlock_faults::harness::{self, Harness, Outcome, Target};
 use moltlock_faults::proxy::Mode;
+use moltlock_fixtures as fixtures;
+use moltlock_fixtures::clock::FakeClock;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fault-worker");
 

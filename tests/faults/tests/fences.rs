@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use moltlock::{LockManager, Token};
-use moltlock_conformance::fixtures;
+use moltlock_fixtures as fixtures;
 
 const CLIENTS: usize = 8;
 const HANDOFFS: usize = 10_000;

@@ -20,8 +20,8 @@
 use std::time::Duration;
 
 use moltlock::LockManager;
-use moltlock_conformance::fixtures::signal;
 use moltlock_faults::{now_ns, Reporter, SectionReport};
+use moltlock_fixtures::signal;
 
 struct Args {
     url: String,
