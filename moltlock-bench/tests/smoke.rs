@@ -55,9 +55,9 @@ fn other_stores() -> (Vec<String>, Vec<Box<dyn std::any::Any>>) {
         }
         Err(e) => eprintln!("smoke: no etcd ({e}); skipping it"),
     }
-    match std::env::var("MOLTLOCK_MYSQL_URL") {
-        Ok(u) if !u.trim().is_empty() => urls.push(u),
-        _ => eprintln!("smoke: MOLTLOCK_MYSQL_URL not set; skipping MySQL"),
+    match moltlock_fixtures::mysql::shared_url() {
+        Ok(u) => urls.push(u),
+        Err(e) => eprintln!("smoke: no MySQL ({e}); skipping it"),
     }
     (urls, keep)
 }

@@ -1212,12 +1212,7 @@ fn wrapper_faults_are_safe_on_postgres() {
 
 #[test]
 fn wrapper_faults_are_safe_on_mysql() {
-    let url = std::env::var("MOLTLOCK_MYSQL_URL").unwrap_or_else(|_| {
-        panic!(
-            "set MOLTLOCK_MYSQL_URL to a MySQL/MariaDB (scripts/test.sh does, starting \
-             scripts/private-mariadb.sh when none answers on port 3306)"
-        )
-    });
+    let url = fixtures::mysql::shared_url().unwrap_or_else(|e| panic!("{e}"));
     wrapper_faults_are_safe(&url);
 }
 

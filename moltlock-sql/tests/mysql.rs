@@ -1,20 +1,18 @@
-//! MySQL/MariaDB: the conformance suite against `MOLTLOCK_MYSQL_URL`.
+//! MySQL/MariaDB: the conformance suite against `MOLTLOCK_MYSQL_URL`, or a
+//! private MariaDB the fixture starts when it is unset.
 
 use moltlock_core::Error;
+use moltlock_fixtures::mysql;
 use moltlock_sql::{MySqlBackend, SqlConfig};
 
 fn url() -> Result<String, Error> {
-    std::env::var("MOLTLOCK_MYSQL_URL").map_err(|_| {
-        Error::Config(
-            "set MOLTLOCK_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to a MySQL or \
-             MariaDB the tests may use"
-                .into(),
-        )
-    })
+    mysql::shared_url().map_err(Error::Config)
 }
 
 fn mysql() -> moltlock_conformance::Factory {
-    moltlock_conformance::factory(|| async { MySqlBackend::connect(&url()?).await })
+    moltlock_fixtures::conformance_factory(mysql::shared_url(), |url| async move {
+        MySqlBackend::connect(&url).await
+    })
 }
 
 moltlock_conformance::conformance_tests!(mysql(), without: [notifies_release, fair_queue]);

@@ -8,8 +8,7 @@ use moltlock_fixtures::postgres::{self, PgOptions};
 use moltlock_sql::{PostgresBackend, SqlConfig};
 
 fn pg() -> moltlock_conformance::Factory {
-    moltlock_conformance::factory(|| async {
-        let url = postgres::shared_url().map_err(Error::Config)?;
+    moltlock_fixtures::conformance_factory(postgres::shared_url(), |url| async move {
         PostgresBackend::connect(&url).await
     })
 }

@@ -1,22 +1,13 @@
 //! SQLite: the conformance suite on a temporary database file, and the
 //! checks particular to the embedded store.
 
-use std::sync::Arc;
-
 use moltlock_core::{Backend, Error, LockManager};
 use moltlock_sql::{SqlConfig, SqliteBackend};
 
 fn sqlite() -> moltlock_conformance::Factory {
-    let dir = Arc::new(tempfile::tempdir());
-    moltlock_conformance::factory(move || {
-        let dir = dir.clone();
-        async move {
-            let dir = dir
-                .as_ref()
-                .as_ref()
-                .map_err(|e| Error::Config(e.to_string()))?;
-            SqliteBackend::connect(&dir.path().join("locks.db").display().to_string()).await
-        }
+    let dir = tempfile::tempdir().map_err(|e| e.to_string());
+    moltlock_fixtures::conformance_factory(dir, |dir| async move {
+        SqliteBackend::connect(&dir.path().join("locks.db").display().to_string()).await
     })
 }
 

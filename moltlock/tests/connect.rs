@@ -14,12 +14,6 @@ async fn lock_once(url: &str, expect: &str) {
     guard.release().await.unwrap();
 }
 
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
-fn env_url(var: &str) -> String {
-    std::env::var(var)
-        .unwrap_or_else(|_| panic!("set {var} to run this test (scripts/test.sh does)"))
-}
-
 #[tokio::test]
 async fn sqlite_url() {
     let dir = tempfile::tempdir().unwrap();
@@ -33,7 +27,7 @@ async fn sqlite_url() {
 #[cfg(feature = "postgres")]
 #[tokio::test]
 async fn postgres_url() {
-    let url = env_url("MOLTLOCK_POSTGRES_URL");
+    let url = moltlock_fixtures::postgres::shared_url().unwrap_or_else(|e| panic!("{e}"));
     lock_once(&url, "postgres").await;
     lock_once(&url.replacen("postgres://", "postgresql://", 1), "postgres").await;
 }
@@ -41,13 +35,15 @@ async fn postgres_url() {
 #[cfg(feature = "mysql")]
 #[tokio::test]
 async fn mysql_url() {
-    lock_once(&env_url("MOLTLOCK_MYSQL_URL"), "mysql").await;
+    let url = moltlock_fixtures::mysql::shared_url().unwrap_or_else(|e| panic!("{e}"));
+    lock_once(&url, "mysql").await;
 }
 
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_url() {
-    lock_once(&env_url("MOLTLOCK_REDIS_URL"), "redis").await;
+    let redis = moltlock_fixtures::redis::redis().unwrap_or_else(|e| panic!("{e}"));
+    lock_once(&redis.url(), "redis").await;
 }
 
 #[cfg(feature = "etcd")]
@@ -100,7 +96,7 @@ async fn stores_not_compiled_in_name_their_feature() {
 async fn migration_into_mysql_keeps_fences_rising() {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = format!("sqlite://{}", dir.path().join("m.db").display());
-    let mysql = env_url("MOLTLOCK_MYSQL_URL");
+    let mysql = moltlock_fixtures::mysql::shared_url().unwrap_or_else(|e| panic!("{e}"));
     let key = format!("facade-migrate/{}", moltlock::Token::random());
     let mut last = moltlock::Fence(0);
     // Lift SQLite's fences far above MySQL's (microseconds of server time),

@@ -84,8 +84,7 @@ fn fences_rise_over_10000_handoffs_postgres() {
 
 #[test]
 fn fences_rise_over_10000_handoffs_mysql() {
-    let url = std::env::var("MOLTLOCK_MYSQL_URL")
-        .expect("MOLTLOCK_MYSQL_URL names the MariaDB/MySQL server (scripts/test.sh sets it)");
+    let url = fixtures::mysql::shared_url().expect("mysql");
     fences_rise(&url, Duration::from_secs(5));
 }
 
