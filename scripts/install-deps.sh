@@ -2,15 +2,14 @@
 # Installs the system packages the build and the tests need, when missing:
 # etcd (server binary for test fixtures), protoc (the etcd client's build),
 # redis-server and PostgreSQL binaries (fixtures start their own instances),
-# libfaketime (a Postgres whose clock is skewed), openssl (test certificates)
-# and MariaDB (started privately by scripts/test.sh when no server answers).
+# libfaketime (a Postgres whose clock is skewed) and MariaDB (the MySQL
+# fixture starts a private server when no MOLTLOCK_MYSQL_URL is given).
 set -euo pipefail
 missing=()
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
-command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 command -v mariadb-install-db >/dev/null 2>&1 || missing+=(mariadb-server)
 if [ ${#missing[@]} -gt 0 ]; then

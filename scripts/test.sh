@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against real servers. Installs what is missing,
 # points the tests at the machine's shared Redis, Postgres and MariaDB when
-# they answer, and lets the fixtures start their own servers (etcd always;
-# Redis and Postgres when no shared one answers; a private MariaDB when none
-# answers on 3306).
+# they answer, and lets the fixtures (tests/fixtures) start their own
+# servers otherwise (etcd always). Without this script the tests pass as
+# well: every fixture then starts a server of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -19,12 +19,7 @@ fi
 if [ -z "${MOLTLOCK_MYSQL_URL:-}" ] && port_open 3306; then
   export MOLTLOCK_MYSQL_URL=mysql://root@127.0.0.1:3306/test
 fi
-if [ -z "${MOLTLOCK_MYSQL_URL:-}" ]; then
-  # No MariaDB answers: start a private one for this run, stopped on exit.
-  source scripts/private-mariadb.sh
-  start_private_mariadb
-fi
-echo "shared stores: redis=${MOLTLOCK_REDIS_URL:-fixture} postgres=${MOLTLOCK_POSTGRES_URL:-fixture} mysql=${MOLTLOCK_MYSQL_URL:-none}"
+echo "shared stores: redis=${MOLTLOCK_REDIS_URL:-fixture} postgres=${MOLTLOCK_POSTGRES_URL:-fixture} mysql=${MOLTLOCK_MYSQL_URL:-fixture}"
 
 cargo test --workspace --all-features --no-fail-fast "$@"
 # The facade once more with its default features (SQLite only), so URLs of

@@ -185,7 +185,9 @@ fn killed_holder_lets_waiter_in_after_ttl() {
     holder.wait().unwrap();
     let killed_at = Instant::now();
     if let Ok(pid) = std::fs::read_to_string(&pidfile) {
-        let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+        if let Ok(pid) = pid.trim().parse::<u32>() {
+            let _ = fixtures::signal(pid, "KILL");
+        }
     }
     let out = moltlock(&url)
         .args(["run", "--key", &k, "--timeout", "10s", "--", "true"])
@@ -353,7 +355,7 @@ fn gone_within(pids: &[u32], limit: Duration) -> Duration {
         }
         if started.elapsed() > limit {
             for p in &left {
-                let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
+                let _ = fixtures::signal(*p, "KILL");
             }
             panic!("processes {left:?} of the command still ran {limit:?} later");
         }
