@@ -631,8 +631,13 @@ fn item4_a_command_ignoring_sigterm_is_killed_before_the_handover() {
     let prefix = fixtures::redis::unique_prefix();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let proxy = rt.block_on(Proxy::start(addr.clone(), Mode::Pass)).unwrap();
-    let direct = format!("redis://{addr}/?key_prefix={prefix}");
-    let proxied = format!("redis://127.0.0.1:{}/?key_prefix={prefix}", proxy.port);
+    // The fixture's own options (a fresh server's restart quarantine off).
+    let url = redis.url();
+    let own = url
+        .split_once('?')
+        .map_or(String::new(), |(_, q)| format!("&{q}"));
+    let direct = format!("redis://{addr}/?key_prefix={prefix}{own}");
+    let proxied = format!("redis://127.0.0.1:{}/?key_prefix={prefix}{own}", proxy.port);
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("pids");
     let result = dir.path().join("overlap");
