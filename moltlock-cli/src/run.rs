@@ -139,11 +139,11 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
         b = moltlock::connect(url) => b?,
         sig = signals.recv() => return Ok(signal_status(sig)),
     };
-    let manager = LockManager::builder_arc(backend)
+    let manager = LockManager::builder(backend)
         .ttl(args.ttl)
         .drift(DRIFT)
         .build()?;
-    if args.fair && !manager.backend().capabilities().fair_queue {
+    if args.fair && manager.backend().fair_queue().is_none() {
         return Err(Failure::usage(format!(
             "--fair needs a store with a fair queue (etcd); {} has none",
             manager.backend().name()
@@ -251,10 +251,8 @@ async fn acquire(
 /// The current holder of `key`, where the store can tell.
 async fn holder_of(manager: &LockManager, key: &str) -> Option<moltlock::HolderInfo> {
     let k = moltlock::LockKey::new(key).ok()?;
-    if !manager.backend().capabilities().inspect {
-        return None;
-    }
-    manager.backend().inspect(&k).await.ok().flatten()
+    let inspector = manager.backend().inspector()?;
+    inspector.inspect(&k).await.ok().flatten()
 }
 
 /// `host h pid p since t: command (abcdef12…, fence f, 12.3s left)`.

@@ -89,6 +89,8 @@ pub async fn status(url: &str, args: StatusArgs) -> Result<u8, Error> {
     Ok(EXIT_OK)
 }
 
+use moltlock::BackendExt;
+
 async fn holders(url: &str, prefix: &str) -> Result<Vec<Row>, Error> {
     // Looking must not create a store: a SQLite file that is not there (or
     // one in memory) holds no locks.

@@ -30,6 +30,7 @@ mod cleanup;
 mod clock;
 mod error;
 mod events;
+pub mod extension;
 mod guard;
 mod hold;
 mod manager;
@@ -43,10 +44,15 @@ mod retry;
 mod types;
 
 pub use async_trait::async_trait;
-pub use backend::{Backend, Capabilities, CasOutcome, Held, HolderInfo, ReleaseWatch, RenewItem};
+pub use backend::{
+    Backend, CasOutcome, Held, HolderInfo, Limits, ReleaseWatch, RenewItem, DEFAULT_LATE_WRITE,
+};
 pub use clock::StoreClock;
 pub use error::{Error, LostReason};
 pub use events::KeyEvents;
+pub use extension::{
+    BackendExt, Describe, FairQueue, Forward, Inspect, RaiseFence, RenewMany, Watch,
+};
 pub use guard::LockGuard;
 pub use manager::{LockManager, LockManagerBuilder, LockOptions, LostEvent};
 pub use memory::MemoryBackend;

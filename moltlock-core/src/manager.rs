@@ -14,8 +14,8 @@ use crate::cleanup::PendingAcquire;
 use crate::clock::StepListener;
 use crate::hold::{Grant, Hold};
 use crate::{
-    check_ttl, metrics, Backend, Capabilities, CasOutcome, Error, Held, LockGuard, LockKey,
-    LostReason, ReleaseWatch, RetryPolicy, Token,
+    check_ttl, metrics, Backend, CasOutcome, Error, Held, Limits, LockGuard, LockKey, LostReason,
+    ReleaseWatch, RetryPolicy, Token,
 };
 
 /// What the lost-lock callback is told.
@@ -95,8 +95,7 @@ impl LockManagerBuilder {
     /// # Errors
     /// [`Error::InvalidTtl`] when the default TTL is out of range for the backend.
     pub fn build(self) -> Result<LockManager, Error> {
-        let caps = self.backend.capabilities();
-        check_ttl(self.cfg.ttl, caps.min_ttl)?;
+        check_ttl(self.cfg.ttl, self.backend.limits().min_ttl)?;
         Ok(LockManager {
             inner: Inner::new(self.backend, self.cfg),
         })
@@ -140,7 +139,7 @@ impl LockOptions {
     /// Store this description with the hold (host, pid, command, since
     /// when: who holds it, for `inspect`, `list` and `moltlock status`),
     /// where the backend stores descriptions
-    /// ([`Capabilities::describe`]); elsewhere it is left out. At most
+    /// ([`Backend::describer`](crate::Backend::describer)); elsewhere it is left out. At most
     /// [`MAX_DESCRIPTION_LEN`](crate::MAX_DESCRIPTION_LEN) bytes, no control
     /// characters. Costs one more round trip after the acquisition.
     pub fn description(mut self, text: impl Into<String>) -> Self {
@@ -149,7 +148,7 @@ impl LockOptions {
     }
 
     /// Wait in the backend's first-come, first-served queue (backends with
-    /// [`Capabilities::fair_queue`] only).
+    /// [`Backend::fair_queue`](crate::Backend::fair_queue) only).
     pub fn fair(mut self) -> Self {
         self.fair = true;
         self
@@ -166,7 +165,7 @@ pub(crate) struct Registry {
 
 pub(crate) struct Inner {
     pub(crate) backend: Arc<dyn Backend>,
-    pub(crate) caps: Capabilities,
+    pub(crate) limits: Limits,
     pub(crate) cfg: Config,
     pub(crate) registry: Mutex<Registry>,
     pub(crate) wake: Arc<Notify>,
@@ -199,7 +198,7 @@ impl Inner {
                 listener
             });
             Inner {
-                caps: backend.capabilities(),
+                limits: backend.limits(),
                 backend,
                 cfg,
                 registry: Mutex::new(Registry::default()),
@@ -314,27 +313,19 @@ impl fmt::Debug for LockManager {
 }
 
 impl LockManager {
-    /// A manager with default settings over `backend`.
+    /// A manager with default settings over `backend` (a backend, or a
+    /// shared one: `Arc<dyn Backend>` and `Box<dyn Backend>` are backends).
     pub fn new(backend: impl Backend) -> Self {
-        Self::from_arc(Arc::new(backend))
-    }
-
-    /// A manager with default settings over a shared backend.
-    pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
         Self {
-            inner: Inner::new(backend, default_config()),
+            inner: Inner::new(Arc::new(backend), default_config()),
         }
     }
 
-    /// A builder over `backend`.
+    /// A builder over `backend` (a backend, or a shared one, as
+    /// [`new`](Self::new)).
     pub fn builder(backend: impl Backend) -> LockManagerBuilder {
-        Self::builder_arc(Arc::new(backend))
-    }
-
-    /// A builder over a shared backend.
-    pub fn builder_arc(backend: Arc<dyn Backend>) -> LockManagerBuilder {
         LockManagerBuilder {
-            backend,
+            backend: Arc::new(backend),
             cfg: default_config(),
         }
     }
@@ -392,14 +383,14 @@ impl LockManager {
         opts: LockOptions,
     ) -> Result<Option<LockGuard>, Error> {
         let key = LockKey::new(key.as_ref())?;
-        key.check_len(self.inner.caps.max_key_len)?;
+        key.check_len(self.inner.limits.max_key_len)?;
         if self.inner.runtime.get().is_none() {
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
                 let _ = self.inner.runtime.set(handle);
             }
         }
         let ttl = opts.ttl.unwrap_or(self.inner.cfg.ttl);
-        check_ttl(ttl, self.inner.caps.min_ttl)?;
+        check_ttl(ttl, self.inner.limits.min_ttl)?;
         if let Some(text) = &opts.description {
             crate::check_description(text)?;
         }
@@ -425,14 +416,10 @@ impl LockManager {
     /// Stores the holder description, where the backend can; a failure only
     /// costs the description.
     async fn describe(&self, guard: &LockGuard, text: &str) {
-        if !self.inner.caps.describe {
+        let Some(describer) = self.inner.backend.describer() else {
             return;
-        }
-        let done = self
-            .inner
-            .backend
-            .describe(guard.key(), guard.token(), text)
-            .await;
+        };
+        let done = describer.describe(guard.key(), guard.token(), text).await;
         if let Err(e) = done {
             tracing::debug!(key = %guard.key(), error = %e, "the holder description was not stored");
         }
@@ -507,19 +494,15 @@ impl LockManager {
     }
 
     async fn acquire_fair(&self, key: &LockKey, ttl: Duration) -> Result<LockGuard, Error> {
-        if !self.inner.caps.fair_queue {
-            return Err(Error::Unsupported {
-                backend: self.inner.backend.name(),
-                what: "fair queue",
-            });
-        }
+        let backend = &*self.inner.backend;
+        let queue = crate::extension::require(backend.name(), backend.fair_queue(), "fair queue")?;
         loop {
             let token = Token::random();
             let mut pending = PendingAcquire::new(self.inner.clone(), key, &token);
             // The store may start the TTL at any point of the call, so the
             // validity deadline counts from before it, as on every path.
             let sent_at = Instant::now();
-            let fence = self.inner.backend.fair_acquire(key, &token, ttl).await?;
+            let fence = queue.fair_acquire(key, &token, ttl).await?;
             match self.confirm_late_grant(key, &token, ttl, sent_at).await {
                 Ok(Some(sent_at)) => {
                     pending.disarm();
@@ -558,11 +541,9 @@ impl LockManager {
     }
 
     async fn open_watch(&self, key: &LockKey) -> Option<Box<dyn ReleaseWatch>> {
-        if !self.inner.caps.notifies_release {
-            return None;
-        }
-        match self.inner.backend.watch(key).await {
-            Ok(w) => w,
+        let watcher = self.inner.backend.watcher()?;
+        match watcher.watch(key).await {
+            Ok(w) => Some(w),
             Err(e) => {
                 tracing::debug!(%key, error = %e, "no release watch; polling instead");
                 None

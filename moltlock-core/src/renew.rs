@@ -97,7 +97,14 @@ async fn renew(inner: &Arc<Inner>, due: &[Arc<Hold>]) {
     };
     let sent_at = Instant::now();
     let name = inner.backend.name();
-    let result = tokio::time::timeout_at(deadline, inner.backend.renew_many(&items)).await;
+    let backend = &*inner.backend;
+    let renewal = async {
+        match backend.renewer() {
+            Some(batch) => batch.renew_many(&items).await,
+            None => crate::extension::renew_each(backend, &items).await,
+        }
+    };
+    let result = tokio::time::timeout_at(deadline, renewal).await;
     match result {
         Ok(Ok(held)) if held.len() == due.len() => {
             metrics::renewed(name, due.len());

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use moltlock_core::{
-    async_trait, check_ttl, Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo,
-    LockKey, ReleaseWatch, RenewItem, StoreClock, Token,
+    async_trait, check_ttl, Backend, CasOutcome, Describe, Error, Fence, Held, HolderInfo, Inspect,
+    Limits, LockKey, RaiseFence, ReleaseWatch, RenewItem, RenewMany, StoreClock, Token, Watch,
 };
 use redis::{Client, RedisResult};
 use tokio::sync::OnceCell;
@@ -21,13 +21,8 @@ use crate::scripts::{self, ACQUIRE, DESCRIBE, INSPECT, RAISE, RELEASE, SWAP};
 /// The shortest TTL this backend accepts.
 pub const MIN_TTL: Duration = Duration::from_millis(10);
 
-/// What this backend offers on top of CAS and delete.
-const CAPABILITIES: Capabilities = Capabilities::new()
-    .with_notifications()
-    .with_inspect()
-    .with_batch_renew()
-    .with_raise_fence()
-    .with_describe()
+/// The store's limits.
+const LIMITS: Limits = Limits::new()
     .with_min_ttl(MIN_TTL)
     .with_max_key_len(moltlock_core::MAX_KEY_LEN);
 
@@ -143,8 +138,8 @@ impl RedisBackend {
     }
 
     fn check(&self, key: &LockKey, ttl: Duration) -> Result<(), Error> {
-        key.check_len(CAPABILITIES.max_key_len)?;
-        check_ttl(ttl, CAPABILITIES.min_ttl)
+        key.check_len(LIMITS.max_key_len)?;
+        check_ttl(ttl, LIMITS.min_ttl)
     }
 
     /// A new hold may not outlive the restart quarantine: after a restart
@@ -332,7 +327,7 @@ impl Backend for RedisBackend {
     /// Compare-and-DEL in one script; a successful delete publishes on the
     /// key's release channel.
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        key.check_len(CAPABILITIES.max_key_len)?;
+        key.check_len(LIMITS.max_key_len)?;
         let layout = &self.inner.layout;
         let (lock, info, channel) = (layout.lock(key), layout.info(key), layout.channel(key));
         let done: i64 = self
@@ -349,31 +344,48 @@ impl Backend for RedisBackend {
         (self.inner.cfg.mode() == Mode::Single).then_some(&self.inner.clock)
     }
 
-    fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
+    fn limits(&self) -> Limits {
+        LIMITS
     }
 
+    fn watcher(&self) -> Option<&dyn Watch> {
+        Some(self)
+    }
+
+    fn inspector(&self) -> Option<&dyn Inspect> {
+        Some(self)
+    }
+
+    fn renewer(&self) -> Option<&dyn RenewMany> {
+        Some(self)
+    }
+
+    fn describer(&self) -> Option<&dyn Describe> {
+        Some(self)
+    }
+
+    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Watch for RedisBackend {
     /// Registers on the backend's shared pub/sub subscription. Errors when
     /// the subscription is not live within the connect timeout; the manager
     /// then polls.
-    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
+    async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error> {
         let channel = self.inner.layout.channel(key);
         let within = self.inner.cfg.connect_timeout();
         let w = self.notifier().await.watch(channel, within).await?;
-        Ok(Some(Box::new(w)))
+        Ok(Box::new(w))
     }
+}
 
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
-        key.check_len(CAPABILITIES.max_key_len)?;
-        let fence = self.inner.layout.fence(key);
-        let _: i64 = self
-            .script(&RAISE, &[&fence], &[&floor.get().to_string()])
-            .await?;
-        Ok(())
-    }
-
+#[async_trait]
+impl Inspect for RedisBackend {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        key.check_len(CAPABILITIES.max_key_len)?;
+        key.check_len(LIMITS.max_key_len)?;
         let layout = &self.inner.layout;
         let (lock, fence, info) = (layout.lock(key), layout.fence(key), layout.info(key));
         let (holder, fence, pttl, description): (
@@ -394,21 +406,6 @@ impl Backend for RedisBackend {
         }))
     }
 
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
-        key.check_len(CAPABILITIES.max_key_len)?;
-        let layout = &self.inner.layout;
-        let (lock, info) = (layout.lock(key), layout.info(key));
-        let done: i64 = self
-            .script(&DESCRIBE, &[&lock, &info], &[owner.as_str(), description])
-            .await?;
-        Ok(done == 1)
-    }
-
     async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
         let mut out = Vec::new();
         for stored in self.stored_keys(prefix).await? {
@@ -425,7 +422,10 @@ impl Backend for RedisBackend {
         out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)
     }
+}
 
+#[async_trait]
+impl RenewMany for RedisBackend {
     /// Single server: all holds in one pipelined round trip. Cluster: one
     /// script per hold, all in flight at once.
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
@@ -439,5 +439,35 @@ impl Backend for RedisBackend {
             Mode::Single => self.renew_pipelined(items).await,
             Mode::Cluster => self.renew_concurrently(items).await,
         }
+    }
+}
+
+#[async_trait]
+impl Describe for RedisBackend {
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        key.check_len(LIMITS.max_key_len)?;
+        let layout = &self.inner.layout;
+        let (lock, info) = (layout.lock(key), layout.info(key));
+        let done: i64 = self
+            .script(&DESCRIBE, &[&lock, &info], &[owner.as_str(), description])
+            .await?;
+        Ok(done == 1)
+    }
+}
+
+#[async_trait]
+impl RaiseFence for RedisBackend {
+    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+        key.check_len(LIMITS.max_key_len)?;
+        let fence = self.inner.layout.fence(key);
+        let _: i64 = self
+            .script(&RAISE, &[&fence], &[&floor.get().to_string()])
+            .await?;
+        Ok(())
     }
 }

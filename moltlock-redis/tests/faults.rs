@@ -1,6 +1,7 @@
 //! Store faults on servers this test owns: a restart without persistence,
 //! a flushed script cache, a store that is down, bad URLs.
 
+use moltlock_core::BackendExt;
 use std::time::Duration;
 
 use moltlock_conformance::fixtures::redis as fx;

@@ -2,12 +2,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // helpers shared by the tests below unwrap like the tests do
 //! whose feature is off gives an error naming that feature.
 
+use moltlock::BackendExt;
 use moltlock::{connect, Error, Store};
 
 async fn lock_once(url: &str, expect: &str) {
     let backend = connect(url).await.unwrap_or_else(|e| panic!("{url}: {e}"));
     assert_eq!(backend.name(), expect);
-    let manager = moltlock::LockManager::from_arc(backend);
+    let manager = moltlock::LockManager::new(backend);
     let key = format!("facade/{}", moltlock::Token::random());
     let guard = manager.lock(&key).await.unwrap();
     assert!(manager.try_lock(&key).await.unwrap().is_none());
@@ -111,7 +112,7 @@ async fn migration_into_mysql_keeps_fences_rising() {
         .enumerate()
     {
         let url = format!("migrate+{phase}:{sqlite}|{mysql}");
-        let manager = moltlock::LockManager::from_arc(connect(&url).await.unwrap());
+        let manager = moltlock::LockManager::new(connect(&url).await.unwrap());
         let guard = manager.lock(&key).await.unwrap();
         if i == 0 {
             let backend = connect(&sqlite).await.unwrap();

@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use moltlock_core::{
-    Backend, CasOutcome, Error, Fence, LockManager, LockOptions, LostReason, RetryPolicy, Token,
+    Backend, BackendExt, CasOutcome, Error, Fence, LockManager, LockOptions, LostReason,
+    RetryPolicy, Token,
 };
 use tokio::time::Instant;
 
@@ -108,9 +109,9 @@ pub const ALL: &[Case] = &[
     case!(cancelled_acquires_leave_no_orphan, "6 cancellation"),
     case!(dropped_guard_releases_key, "6 cancellation"),
     case!(longest_allowed_key_and_unicode_work, "8 input limits"),
-    case!(release_wakes_waiter_quickly, "waiting", Notifications),
-    case!(watch_subscribes_before_it_returns, "waiting", Notifications),
-    case!(watch_fires_for_every_release, "waiting", Notifications),
+    case!(release_wakes_waiter_quickly, "waiting", Watch),
+    case!(watch_subscribes_before_it_returns, "waiting", Watch),
+    case!(watch_fires_for_every_release, "waiting", Watch),
     case!(inspect_reports_holder, "inspect", Inspect),
     case!(inspect_and_list_are_exact, "inspect", Inspect),
     case!(inspect_hides_expired_holds, "inspect, 3 expiry", Inspect),
@@ -146,11 +147,11 @@ fn key(case: &str) -> String {
 
 /// The short TTL the expiry cases use: 1 s, or the backend's floor.
 fn short_ttl(b: &Arc<dyn Backend>) -> Duration {
-    b.capabilities().min_ttl.max(Duration::from_secs(1))
+    b.limits().min_ttl.max(Duration::from_secs(1))
 }
 
 fn manager(b: &Arc<dyn Backend>, ttl: Duration) -> Result<LockManager, String> {
-    LockManager::builder_arc(b.clone())
+    LockManager::builder(b.clone())
         .ttl(ttl)
         .retry(RetryPolicy::Fixed(Duration::from_millis(20)))
         .build()
@@ -862,7 +863,7 @@ pub async fn lost_callback_is_called(f: Factory) -> CaseResult {
     let ttl = short_ttl(&b) * 3;
     let calls = Arc::new(AtomicU64::new(0));
     let seen = calls.clone();
-    let m = LockManager::builder_arc(b.clone())
+    let m = LockManager::builder(b.clone())
         .ttl(ttl)
         .on_lost(move |ev| {
             if ev.reason != LostReason::Released {
@@ -983,7 +984,7 @@ pub async fn dropped_guard_releases_key(f: Factory) -> CaseResult {
 pub async fn longest_allowed_key_and_unicode_work(f: Factory) -> CaseResult {
     let b = f.open().await?;
     let m = manager(&b, Duration::from_secs(10))?;
-    let limit = b.capabilities().max_key_len;
+    let limit = b.limits().max_key_len;
     let prefix = key("long");
     let mut longest = prefix.clone();
     while longest.len() < limit {
@@ -1010,7 +1011,7 @@ pub async fn longest_allowed_key_and_unicode_work(f: Factory) -> CaseResult {
 pub async fn release_wakes_waiter_quickly(f: Factory) -> CaseResult {
     let b = f.open().await?;
     let holder = manager(&b, Duration::from_secs(10))?;
-    let waiter = LockManager::builder_arc(f.open().await?)
+    let waiter = LockManager::builder(f.open().await?)
         .ttl(Duration::from_secs(10))
         .retry(RetryPolicy::Fixed(Duration::from_secs(5)))
         .build()
@@ -1125,7 +1126,7 @@ pub async fn raise_fence_lifts_later_fences(f: Factory) -> CaseResult {
     g.release().await.map_err(err)?;
     let other = manager(&f.open().await?, Duration::from_secs(10))?;
     let mut last = floor;
-    let inspect = b.capabilities().inspect;
+    let inspect = b.inspector().is_some();
     for _ in 0..3 {
         let g = other.lock(&k).await.map_err(err)?;
         ensure!(

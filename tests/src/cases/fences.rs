@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use moltlock_core::{Fence, LockOptions};
+use moltlock_core::{BackendExt, Fence, LockOptions};
 
 use super::{contend, err, key, manager};
 use crate::{CaseResult, Factory, Outcome};
