@@ -29,6 +29,9 @@ impl fmt::Display for LostReason {
     }
 }
 
+/// A client library's error, kept as the source of an [`Error`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Every failure MoltLock reports. [`Error::is_retryable`] tells transient
 /// store trouble (worth another try) from permanent mistakes.
 #[derive(Debug, thiserror::Error)]
@@ -66,26 +69,35 @@ pub enum Error {
     Unavailable {
         /// The backend's name.
         backend: &'static str,
-        /// What the client library said.
+        /// What the client library said, secrets redacted.
         message: String,
+        /// The client library's own error, where there was one.
+        #[source]
+        source: Option<BoxError>,
     },
     /// The store refused our credentials or permissions. Permanent.
     #[error("{backend}: authentication or permission failure: {message}")]
     Auth {
         /// The backend's name.
         backend: &'static str,
-        /// What the store said.
+        /// What the store said, secrets redacted.
         message: String,
+        /// The client library's own error, where there was one.
+        #[source]
+        source: Option<BoxError>,
     },
     /// The store answered with an error.
     #[error("{backend}: store error: {message}")]
     Store {
         /// The backend's name.
         backend: &'static str,
-        /// What the store said.
+        /// What the store said, secrets redacted.
         message: String,
         /// Whether trying again may succeed.
         retryable: bool,
+        /// The client library's own error, where there was one.
+        #[source]
+        source: Option<BoxError>,
     },
     /// The backend does not offer this optional operation.
     #[error("{backend}: {what} is not supported by this backend")]
@@ -129,28 +141,57 @@ impl Error {
         }
     }
 
-    /// A retryable [`Error::Unavailable`].
+    /// A retryable [`Error::Unavailable`]; the message is redacted.
     pub fn unavailable(backend: &'static str, message: impl fmt::Display) -> Self {
         Self::Unavailable {
             backend,
-            message: message.to_string(),
+            message: crate::redact(&message.to_string()),
+            source: None,
         }
     }
 
-    /// An [`Error::Store`] with the given retryability.
+    /// An [`Error::Store`] with the given retryability; the message is
+    /// redacted.
     pub fn store(backend: &'static str, message: impl fmt::Display, retryable: bool) -> Self {
         Self::Store {
             backend,
-            message: message.to_string(),
+            message: crate::redact(&message.to_string()),
             retryable,
+            source: None,
         }
     }
 
-    /// A permanent [`Error::Auth`].
+    /// A permanent [`Error::Auth`]; the message is redacted.
     pub fn auth(backend: &'static str, message: impl fmt::Display) -> Self {
         Self::Auth {
             backend,
-            message: message.to_string(),
+            message: crate::redact(&message.to_string()),
+            source: None,
         }
+    }
+
+    /// The same error with `cause` (the client library's error) as its
+    /// [`source`](std::error::Error::source), so callers can downcast to
+    /// it. Only `Unavailable`, `Auth` and `Store` keep a source; other
+    /// variants are returned unchanged. The message shown stays the
+    /// redacted one; the source is the client's error as it is.
+    pub fn with_source(mut self, cause: impl Into<BoxError>) -> Self {
+        if let Self::Unavailable { source, .. }
+        | Self::Auth { source, .. }
+        | Self::Store { source, .. } = &mut self
+        {
+            *source = Some(cause.into());
+        }
+        self
+    }
+
+    /// An [`Error::Config`] with the message redacted.
+    pub fn config(message: impl fmt::Display) -> Self {
+        Self::Config(crate::redact(&message.to_string()))
+    }
+
+    /// An [`Error::Unsupported`]: `backend` has no `what`.
+    pub fn unsupported(backend: &'static str, what: &'static str) -> Self {
+        Self::Unsupported { backend, what }
     }
 }

@@ -48,7 +48,7 @@ pub use backend::{
     Backend, CasOutcome, Held, HolderInfo, Limits, ReleaseWatch, RenewItem, DEFAULT_LATE_WRITE,
 };
 pub use clock::StoreClock;
-pub use error::{Error, LostReason};
+pub use error::{BoxError, Error, LostReason};
 pub use events::KeyEvents;
 pub use extension::{
     BackendExt, Describe, FairQueue, Forward, Inspect, RaiseFence, RenewMany, Watch,
@@ -58,7 +58,7 @@ pub use manager::{LockManager, LockManagerBuilder, LockOptions, LostEvent};
 pub use memory::MemoryBackend;
 pub use migrate::{MigratingBackend, Phase};
 pub use pending::{pending_cleanups, wait_for_cleanups};
-pub use redact::{redact, redact_error};
+pub use redact::{redact, redact_error, Secret};
 pub use retry::RetryPolicy;
 pub use types::{
     check_description, check_ttl, Fence, LockKey, Token, MAX_DESCRIPTION_LEN, MAX_KEY_LEN, MAX_TTL,

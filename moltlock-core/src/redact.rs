@@ -18,7 +18,38 @@
 //! It may hide more than a secret (an e-mail address's local part, say),
 //! never less of the forms above.
 
+use std::fmt;
+
 use crate::Error;
+
+/// A password (or key) that never shows in `Debug` or `Display` output,
+/// logs or errors. Every backend's configuration keeps its secrets in one.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself; use it only to hand it to the client library.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(MASK)
+    }
+}
 
 /// The mask put where a secret was.
 const MASK: &str = "***";
@@ -64,22 +95,34 @@ pub fn redact(text: &str) -> String {
 pub fn redact_error(error: Error) -> Error {
     match error {
         Error::Config(m) => Error::Config(redact(&m)),
-        Error::Unavailable { backend, message } => Error::Unavailable {
+        Error::Unavailable {
+            backend,
+            message,
+            source,
+        } => Error::Unavailable {
             backend,
             message: redact(&message),
+            source,
         },
-        Error::Auth { backend, message } => Error::Auth {
+        Error::Auth {
+            backend,
+            message,
+            source,
+        } => Error::Auth {
             backend,
             message: redact(&message),
+            source,
         },
         Error::Store {
             backend,
             message,
             retryable,
+            source,
         } => Error::Store {
             backend,
             message: redact(&message),
             retryable,
+            source,
         },
         other => other,
     }

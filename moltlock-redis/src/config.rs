@@ -15,27 +15,7 @@ pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long after a server start no free key is granted, unless configured.
 pub const DEFAULT_RESTART_QUARANTINE: Duration = Duration::from_secs(30);
 
-/// A password (or key) that never shows in `Debug` output or logs.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a secret value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    /// The secret itself; use it only to hand it to the client library.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
+pub use moltlock_core::Secret;
 
 /// How the backend talks to Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
