@@ -28,6 +28,7 @@
 mod backend;
 mod cleanup;
 mod clock;
+mod duration;
 mod error;
 mod events;
 pub mod extension;
@@ -48,6 +49,7 @@ pub use backend::{
     Backend, CasOutcome, Held, HolderInfo, Limits, ReleaseWatch, RenewItem, DEFAULT_LATE_WRITE,
 };
 pub use clock::StoreClock;
+pub use duration::parse_duration;
 pub use error::{BoxError, Error, LostReason};
 pub use events::KeyEvents;
 pub use extension::{
