@@ -68,11 +68,42 @@ impl RedisBackend {
     /// timeout, [`Error::Auth`] for refused credentials, [`Error::Config`]
     /// for unusable TLS material.
     ///
-    /// Cancel safe: dropping the future drops the half-open connection.
+    /// # Cancel safety
+    /// Dropping the future drops the half-open connection.
     pub async fn connect(cfg: RedisConfig) -> Result<Self, Error> {
+        cfg.check()?;
         let clients = conn::clients(&cfg)?;
         let conn = conn::connect(&cfg, &clients).await?;
-        let layout = Layout::new(cfg.key_prefix());
+        Ok(Self::assemble(cfg, clients, conn))
+    }
+
+    /// A backend over the application's own client (one server): its
+    /// connection settings (address, credentials, database, TLS) are the
+    /// client's; `cfg` gives the rest (key prefix, timeouts, fence
+    /// retention, restart quarantine). The backend opens its own command
+    /// and pub/sub connections from the client, so the application's
+    /// connections are never shared with lock traffic.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a cluster configuration or bad settings, else
+    /// as [`RedisBackend::connect`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the half-open connection.
+    pub async fn from_client(client: Client, cfg: RedisConfig) -> Result<Self, Error> {
+        cfg.check()?;
+        if cfg.mode == Mode::Cluster {
+            return Err(Error::config(
+                "from_client takes a single-server client; connect a cluster with connect()",
+            ));
+        }
+        let clients = vec![client];
+        let conn = conn::connect(&cfg, &clients).await?;
+        Ok(Self::assemble(cfg, clients, conn))
+    }
+
+    fn assemble(cfg: RedisConfig, clients: Vec<Client>, conn: Conn) -> Self {
+        let layout = Layout::new(&cfg.prefix);
         let inner = Inner {
             conn,
             layout,
@@ -81,9 +112,9 @@ impl RedisBackend {
             notifier: OnceCell::new(),
             clock: StoreClock::new(),
         };
-        Ok(Self {
+        Self {
             inner: Arc::new(inner),
-        })
+        }
     }
 
     /// Parses `url` (see [`RedisConfig::from_url`]) and connects.
@@ -115,7 +146,7 @@ impl RedisBackend {
         &self,
         fut: impl std::future::Future<Output = RedisResult<T>>,
     ) -> Result<T, Error> {
-        tokio::time::timeout(self.inner.cfg.command_timeout(), fut)
+        tokio::time::timeout(self.inner.cfg.request_timeout, fut)
             .await
             .map_err(|_| timed_out("a Redis command"))?
             .map_err(map)
@@ -125,7 +156,7 @@ impl RedisBackend {
     fn keep(&self) -> String {
         self.inner
             .cfg
-            .fence_retention()
+            .fence_retention
             .map_or_else(|| "0".to_owned(), millis)
     }
 
@@ -133,7 +164,7 @@ impl RedisBackend {
     fn quarantine(&self) -> String {
         self.inner
             .cfg
-            .restart_quarantine()
+            .restart_quarantine
             .map_or_else(|| "0".to_owned(), millis)
     }
 
@@ -146,13 +177,13 @@ impl RedisBackend {
     /// without persistence its holder may believe it holds for up to its
     /// TTL, so a shorter quarantine would grant the key beside it.
     fn check_quarantine(&self, ttl: Duration) -> Result<(), Error> {
-        match self.inner.cfg.restart_quarantine() {
+        match self.inner.cfg.restart_quarantine {
             Some(q) if ttl > q => Err(Error::InvalidTtl {
                 ttl,
                 reason: format!(
                     "the Redis restart quarantine is {q:?}, shorter than this TTL: after a \
                      restart another client could be granted the key while this holder still \
-                     believes it holds it; raise restart_quarantine_ms to at least the TTL, \
+                     believes it holds it; raise restart_quarantine to at least the TTL, \
                      or turn it off with 0 for a durable Redis"
                 ),
             }),
@@ -167,7 +198,7 @@ impl RedisBackend {
                 Notifier::start(
                     self.inner.clients.clone(),
                     self.inner.layout.channel_pattern(),
-                    self.inner.cfg.connect_timeout(),
+                    self.inner.cfg.connect_timeout,
                 )
             })
             .await
@@ -230,7 +261,7 @@ impl RedisBackend {
     async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>, Error> {
         let pattern = self.inner.layout.scan_pattern(prefix);
         let mut conn = self.inner.conn.clone();
-        if self.inner.cfg.mode() == Mode::Cluster {
+        if self.inner.cfg.mode == Mode::Cluster {
             // KEYS goes to every primary; SCAN cursors cannot span nodes.
             let cmd = redis::cmd("KEYS").arg(&pattern).to_owned();
             return self.timed(cmd.query_async(&mut conn)).await;
@@ -341,7 +372,7 @@ impl Backend for RedisBackend {
     }
 
     fn store_clock(&self) -> Option<&StoreClock> {
-        (self.inner.cfg.mode() == Mode::Single).then_some(&self.inner.clock)
+        (self.inner.cfg.mode == Mode::Single).then_some(&self.inner.clock)
     }
 
     fn limits(&self) -> Limits {
@@ -376,7 +407,7 @@ impl Watch for RedisBackend {
     /// then polls.
     async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error> {
         let channel = self.inner.layout.channel(key);
-        let within = self.inner.cfg.connect_timeout();
+        let within = self.inner.cfg.connect_timeout;
         let w = self.notifier().await.watch(channel, within).await?;
         Ok(Box::new(w))
     }
@@ -435,7 +466,7 @@ impl RenewMany for RedisBackend {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        match self.inner.cfg.mode() {
+        match self.inner.cfg.mode {
             Mode::Single => self.renew_pipelined(items).await,
             Mode::Cluster => self.renew_concurrently(items).await,
         }

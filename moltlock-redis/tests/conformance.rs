@@ -20,14 +20,11 @@ fn store() -> moltlock_conformance::Factory {
                 Ok(s) => s,
                 Err(e) => return Err(Error::Config(e.clone())),
             };
-            let mut cfg = RedisConfig::builder()
-                .url(&server.url())?
-                .key_prefix(prefix);
+            let mut cfg = RedisConfig::from_url(&server.url())?.key_prefix(prefix);
             if let fx::RedisServer::Shared(_) = server {
                 // Leave nothing behind on a shared server for long.
                 cfg = cfg.fence_retention(Duration::from_secs(600));
             }
-            let cfg = cfg.build()?;
             RedisBackend::connect(cfg).await
         }
     })
