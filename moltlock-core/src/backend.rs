@@ -1,68 +1,13 @@
 //! The backend trait: two atomic operations on one key; optional features
-//! are extensions it hands out ([`crate::extension`]).
+//! are extensions it hands out ([`Watch`], [`Inspect`], …).
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::extension::{Describe, FairQueue, Inspect, RaiseFence, RenewMany, Watch};
-use crate::{Error, Fence, LockKey, Token};
-
-/// What a [`Backend::cas`] call did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CasOutcome {
-    /// `new` now holds the key. For a fresh acquisition `fence` is strictly
-    /// greater than every earlier fence of the key; for a renewal it is the
-    /// hold's existing fence (or any value: the manager keeps the first one).
-    Acquired {
-        /// The fencing token of this hold.
-        fence: Fence,
-    },
-    /// The key's holder was not `expected`; nothing changed.
-    Held(Held),
-}
-
-/// What a failed [`Backend::cas`] saw. Every field is optional help for the
-/// manager's waiting; a backend may leave them all empty.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Held {
-    /// The current holder, if the store told us (`None` also when the key is free
-    /// and `expected` was `Some`).
-    pub holder: Option<Token>,
-    /// How long until the current hold expires, if known: a waiter sleeps no
-    /// longer than this before trying again.
-    pub expires_in: Option<Duration>,
-    /// A store version observed by the failed attempt (etcd: the header
-    /// revision), for watches that must start exactly after it.
-    pub revision: Option<u64>,
-}
-
-/// One hold to renew in a [`RenewMany::renew_many`] batch.
-#[derive(Clone, Debug)]
-pub struct RenewItem {
-    /// The key held.
-    pub key: LockKey,
-    /// Its owner.
-    pub token: Token,
-    /// The TTL to extend it by, from now.
-    pub ttl: Duration,
-}
-
-/// A hold as reported by [`Inspect::inspect`] and [`Inspect::list`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HolderInfo {
-    /// The key, as the caller named it (without any backend prefix).
-    pub key: String,
-    /// The owner token.
-    pub holder: Token,
-    /// The hold's fence, where the store keeps it.
-    pub fence: Option<Fence>,
-    /// Time left before the hold expires, where the store tells it.
-    pub expires_in: Option<Duration>,
-    /// Who holds it, in the holder's own words (host, pid, command, since
-    /// when), where the backend stores descriptions ([`Describe`]).
-    pub description: Option<String>,
-}
+use crate::features::{Describe, FairQueue, Inspect, RaiseFence, RenewMany, Watch};
+use crate::records::CasOutcome;
+use crate::{Error, LockKey, Token};
 
 /// How long a dropped request may still land, unless a backend says otherwise.
 pub const DEFAULT_LATE_WRITE: Duration = Duration::from_secs(5);
@@ -130,19 +75,6 @@ impl Limits {
             late_write: self.late_write.max(other.late_write),
         }
     }
-}
-
-/// A subscription to release events of one key, made *before* the acquire
-/// attempt it follows, so a release between the attempt and the wait is
-/// never missed.
-#[async_trait]
-pub trait ReleaseWatch: Send {
-    /// Resolves once the key may have been released since the attempt that
-    /// saw `held`. Spurious wake-ups are allowed; missed ones are not.
-    ///
-    /// Cancel safe: dropping the future loses nothing; the next call still
-    /// sees a release that happened meanwhile.
-    async fn released(&mut self, held: &Held) -> Result<(), Error>;
 }
 
 /// A store that can hold locks. Implement [`cas`](Backend::cas) and

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::manager::Inner;
+use crate::registry::Inner;
 use crate::{Backend, LockKey, Token};
 
 /// Pauses before each further delete of a cancelled acquisition: its request

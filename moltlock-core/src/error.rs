@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::redact::redact;
+
 /// Why a held lock stopped being held.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -14,8 +16,6 @@ pub enum LostReason {
     Deadline,
     /// The backend's session (for example an etcd lease) ended.
     Session(String),
-    /// The guard was released or dropped by its owner.
-    Released,
 }
 
 impl fmt::Display for LostReason {
@@ -24,7 +24,6 @@ impl fmt::Display for LostReason {
             Self::Refused => f.write_str("the store refused a renewal (the key is no longer ours)"),
             Self::Deadline => f.write_str("no renewal was confirmed before the validity deadline"),
             Self::Session(why) => write!(f, "the backend session ended: {why}"),
-            Self::Released => f.write_str("released by its owner"),
         }
     }
 }
@@ -145,7 +144,7 @@ impl Error {
     pub fn unavailable(backend: &'static str, message: impl fmt::Display) -> Self {
         Self::Unavailable {
             backend,
-            message: crate::redact(&message.to_string()),
+            message: redact(&message.to_string()),
             source: None,
         }
     }
@@ -155,7 +154,7 @@ impl Error {
     pub fn store(backend: &'static str, message: impl fmt::Display, retryable: bool) -> Self {
         Self::Store {
             backend,
-            message: crate::redact(&message.to_string()),
+            message: redact(&message.to_string()),
             retryable,
             source: None,
         }
@@ -165,7 +164,7 @@ impl Error {
     pub fn auth(backend: &'static str, message: impl fmt::Display) -> Self {
         Self::Auth {
             backend,
-            message: crate::redact(&message.to_string()),
+            message: redact(&message.to_string()),
             source: None,
         }
     }
@@ -187,11 +186,49 @@ impl Error {
 
     /// An [`Error::Config`] with the message redacted.
     pub fn config(message: impl fmt::Display) -> Self {
-        Self::Config(crate::redact(&message.to_string()))
+        Self::Config(redact(&message.to_string()))
     }
 
     /// An [`Error::Unsupported`]: `backend` has no `what`.
     pub fn unsupported(backend: &'static str, what: &'static str) -> Self {
         Self::Unsupported { backend, what }
+    }
+}
+
+/// An [`Error`] whose messages went through [`redact`](crate::redact); for errors that may
+/// quote a URL or a store's echo of one.
+pub fn redact_error(error: Error) -> Error {
+    match error {
+        Error::Config(m) => Error::Config(redact(&m)),
+        Error::Unavailable {
+            backend,
+            message,
+            source,
+        } => Error::Unavailable {
+            backend,
+            message: redact(&message),
+            source,
+        },
+        Error::Auth {
+            backend,
+            message,
+            source,
+        } => Error::Auth {
+            backend,
+            message: redact(&message),
+            source,
+        },
+        Error::Store {
+            backend,
+            message,
+            retryable,
+            source,
+        } => Error::Store {
+            backend,
+            message: redact(&message),
+            retryable,
+            source,
+        },
+        other => other,
     }
 }

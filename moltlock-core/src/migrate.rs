@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::extension::require;
+use crate::forward::require;
 use crate::{
     Backend, CasOutcome, Describe, Error, FairQueue, Fence, Held, Inspect, Limits, LockKey,
     RaiseFence, ReleaseWatch, RenewItem, RenewMany, Token, Watch,

@@ -20,8 +20,6 @@
 
 use std::fmt;
 
-use crate::Error;
-
 /// A password (or key) that never shows in `Debug` or `Display` output,
 /// logs or errors. Every backend's configuration keeps its secrets in one.
 #[derive(Clone, PartialEq, Eq)]
@@ -88,44 +86,6 @@ pub fn redact(text: &str) -> String {
         rest = &rest[end..];
     }
     out
-}
-
-/// An [`Error`] whose messages went through [`redact`]; for errors that may
-/// quote a URL or a store's echo of one.
-pub fn redact_error(error: Error) -> Error {
-    match error {
-        Error::Config(m) => Error::Config(redact(&m)),
-        Error::Unavailable {
-            backend,
-            message,
-            source,
-        } => Error::Unavailable {
-            backend,
-            message: redact(&message),
-            source,
-        },
-        Error::Auth {
-            backend,
-            message,
-            source,
-        } => Error::Auth {
-            backend,
-            message: redact(&message),
-            source,
-        },
-        Error::Store {
-            backend,
-            message,
-            retryable,
-            source,
-        } => Error::Store {
-            backend,
-            message: redact(&message),
-            retryable,
-            source,
-        },
-        other => other,
-    }
 }
 
 /// Word boundaries: white space, quotes and angle brackets.
@@ -223,6 +183,7 @@ fn is_secret_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{redact_error, Error};
 
     #[test]
     fn malformed_urls_lose_their_passwords() {
