@@ -4,7 +4,9 @@ use clap::Args;
 use moltlock::{Error, HolderInfo};
 use serde::Serialize;
 
-use crate::{colour, duration, paint, EXIT_OK};
+use crate::duration;
+use crate::exit::EXIT_OK;
+use crate::paint::{colour, paint};
 
 /// Options of `moltlock status`.
 #[derive(Args, Debug)]

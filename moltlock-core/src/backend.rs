@@ -157,7 +157,7 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
-    /// Raising a key's fence floor (migrating between stores needs it).
+    /// Raising a key's fence minimum (migrating between stores needs it).
     fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
         None
     }

@@ -84,17 +84,17 @@ pub trait Describe: Send + Sync {
     ) -> Result<bool, Error>;
 }
 
-/// Raising the fence floor of a key.
+/// Raising the fence minimum of a key.
 #[async_trait]
 pub trait RaiseFence: Send + Sync {
-    /// Makes every later fence of `key` greater than `floor`. Called while
+    /// Makes every later fence of `key` greater than `minimum`. Called while
     /// holding the key, so no acquisition races it; migrating between two
     /// stores needs it to keep fences monotonic across the switch.
     ///
     /// # Cancel safety
-    /// Dropping the future may or may not raise the floor; a raise is a
+    /// Dropping the future may or may not raise the minimum; a raise is a
     /// max, so trying again is harmless.
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error>;
+    async fn raise_fence(&self, key: &LockKey, minimum: Fence) -> Result<(), Error>;
 }
 
 /// A first-come, first-served queue per key.

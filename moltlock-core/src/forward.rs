@@ -351,9 +351,9 @@ pub trait BackendExt: Backend {
     }
 
     /// [`RaiseFence::raise_fence`].
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+    async fn raise_fence(&self, key: &LockKey, minimum: Fence) -> Result<(), Error> {
         require(self.name(), self.fence_raiser(), "raising fences")?
-            .raise_fence(key, floor)
+            .raise_fence(key, minimum)
             .await
     }
 

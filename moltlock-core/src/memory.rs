@@ -152,9 +152,9 @@ impl Describe for MemoryBackend {
 
 #[async_trait]
 impl RaiseFence for MemoryBackend {
-    async fn raise_fence(&self, _key: &LockKey, floor: Fence) -> Result<(), Error> {
+    async fn raise_fence(&self, _key: &LockKey, minimum: Fence) -> Result<(), Error> {
         let mut st = self.lock();
-        st.last_fence = st.last_fence.max(floor.0);
+        st.last_fence = st.last_fence.max(minimum.0);
         Ok(())
     }
 }

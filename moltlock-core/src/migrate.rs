@@ -23,7 +23,7 @@
 //! overlapping.
 //!
 //! **Fences.** A `Both` node reports `max(old fence, new fence)` and, before
-//! returning, raises the other store's fence floor for the key
+//! returning, raises the other store's fence minimum for the key
 //! ([`RaiseFence`]) above it. So every later fence from either store
 //! exceeds every fence reported before: fences never go backwards for the
 //! resource, whichever phases its writers are in. Both stores must hand out
@@ -384,10 +384,10 @@ impl RenewMany for MigratingBackend {
 
 #[async_trait]
 impl RaiseFence for MigratingBackend {
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+    async fn raise_fence(&self, key: &LockKey, minimum: Fence) -> Result<(), Error> {
         for store in [&self.old, &self.new] {
             require(store.name(), store.fence_raiser(), "raising fences")?
-                .raise_fence(key, floor)
+                .raise_fence(key, minimum)
                 .await?;
         }
         Ok(())

@@ -493,11 +493,11 @@ impl Describe for RedisBackend {
 
 #[async_trait]
 impl RaiseFence for RedisBackend {
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+    async fn raise_fence(&self, key: &LockKey, minimum: Fence) -> Result<(), Error> {
         key.check_len(LIMITS.max_key_len)?;
         let fence = self.inner.layout.fence(key);
         let _: i64 = self
-            .script(&RAISE, &[&fence], &[&floor.get().to_string()])
+            .script(&RAISE, &[&fence], &[&minimum.get().to_string()])
             .await?;
         Ok(())
     }

@@ -96,7 +96,7 @@ async fn stores_not_compiled_in_name_their_feature() {
 
 /// A migration from SQLite to MySQL walks old → both → new on one key, and
 /// each phase's fence exceeds every earlier one: MySQL raises its fence
-/// floor like every other built-in store.
+/// minimum like every other built-in store.
 #[cfg(feature = "mysql")]
 #[tokio::test]
 async fn migration_into_mysql_keeps_fences_rising() {
@@ -106,7 +106,7 @@ async fn migration_into_mysql_keeps_fences_rising() {
     let key = format!("facade-migrate/{}", moltlock::Token::random());
     let mut last = moltlock::Fence(0);
     // Lift SQLite's fences far above MySQL's (microseconds of server time),
-    // so MySQL can only follow by honouring the floor `both` raises on it.
+    // so MySQL can only follow by honouring the minimum `both` raises on it.
     for (i, phase) in ["old", "both", "both", "new", "both", "old"]
         .iter()
         .enumerate()
@@ -116,8 +116,8 @@ async fn migration_into_mysql_keeps_fences_rising() {
         let guard = manager.lock(&key).await.unwrap();
         if i == 0 {
             let backend = connect(&sqlite).await.unwrap();
-            let floor = moltlock::Fence(u64::MAX / 4);
-            backend.raise_fence(guard.key(), floor).await.unwrap();
+            let minimum = moltlock::Fence(u64::MAX / 4);
+            backend.raise_fence(guard.key(), minimum).await.unwrap();
         }
         assert!(
             guard.fence() > last,

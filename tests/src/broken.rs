@@ -90,7 +90,7 @@ pub enum Flaw {
     FairKeepsDroppedPlace,
     /// Fair acquisitions draw fences from a counter of their own.
     FairFenceSeparate,
-    /// `raise_fence` sets the fence counter to the floor (can lower it).
+    /// `raise_fence` sets the fence counter to the minimum (can lower it).
     RaiseFenceSets,
     /// Tokens are compared by their first 8 characters.
     TokenPrefixCompare,
@@ -805,12 +805,12 @@ impl Describe for Flawed {
 
 #[async_trait]
 impl RaiseFence for Flawed {
-    async fn raise_fence(&self, _key: &LockKey, floor: Fence) -> Result<(), Error> {
+    async fn raise_fence(&self, _key: &LockKey, minimum: Fence) -> Result<(), Error> {
         let mut st = self.store();
         st.fence = if self.has(Flaw::RaiseFenceSets) {
-            floor.get()
+            minimum.get()
         } else {
-            st.fence.max(floor.get())
+            st.fence.max(minimum.get())
         };
         Ok(())
     }

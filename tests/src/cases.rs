@@ -1111,29 +1111,29 @@ pub async fn fair_queue_serves_in_arrival_order(f: Factory) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// `raise_fence` makes every later fence of the key exceed the floor, and
+/// `raise_fence` makes every later fence of the key exceed the minimum, and
 /// later fences keep rising from there.
 pub async fn raise_fence_lifts_later_fences(f: Factory) -> CaseResult {
     let b = f.open().await?;
     let m = manager(&b, Duration::from_secs(10))?;
     let k = key("raise");
     let g = m.lock(&k).await.map_err(err)?;
-    let floor = Fence(g.fence().get().saturating_add(1_000_000));
-    b.raise_fence(g.key(), floor).await.map_err(err)?;
+    let minimum = Fence(g.fence().get().saturating_add(1_000_000));
+    b.raise_fence(g.key(), minimum).await.map_err(err)?;
     g.release().await.map_err(err)?;
     let other = manager(&f.open().await?, Duration::from_secs(10))?;
-    let mut last = floor;
+    let mut last = minimum;
     let inspect = b.inspector().is_some();
     for _ in 0..3 {
         let g = other.lock(&k).await.map_err(err)?;
         ensure!(
             g.fence() > last,
-            "fence {} after {last} (the floor was raised to {floor})",
+            "fence {} after {last} (the minimum was raised to {minimum})",
             g.fence()
         );
         last = g.fence();
         if inspect {
-            // What inspect and list report is the hold's own fence, floor
+            // What inspect and list report is the hold's own fence, minimum
             // included.
             let info = b.inspect(g.key()).await.map_err(err)?;
             let reported = info.and_then(|i| i.fence);

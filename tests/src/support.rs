@@ -142,9 +142,9 @@ impl RenewMany for Partition {
 
 #[async_trait]
 impl RaiseFence for Partition {
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+    async fn raise_fence(&self, key: &LockKey, minimum: Fence) -> Result<(), Error> {
         self.gate().await;
-        self.inner.raise_fence(key, floor).await
+        self.inner.raise_fence(key, minimum).await
     }
 }
 
