@@ -375,8 +375,9 @@ pub async fn check_stamping(factory: Factory, without: &[&str]) -> Result<(), St
 /// `conformance_tests!(factory)` is for a backend with every optional
 /// capability; `conformance_tests!(factory, without: [fair_queue, ...])`
 /// names those it lacks, whose cases are stamped `#[ignore]` (see the crate
-/// docs). Besides the cases it stamps `conformance_macro_stamps_every_case`
-/// and `conformance_capabilities_match_stamping`.
+/// docs). The case names come from the suite's one list of cases, so a
+/// new case is stamped everywhere at once. Besides the cases it stamps
+/// `conformance_capabilities_match_stamping`.
 #[macro_export]
 macro_rules! conformance_tests {
     (@known watch) => {};
@@ -461,110 +462,24 @@ macro_rules! conformance_tests {
             }
         )*
     };
+    (@stamp $f:expr; $caps:tt;
+        always: [$($a:ident: $ap:literal,)*],
+        watch: [$($w:ident: $wp:literal,)*],
+        inspect: [$($i:ident: $ip:literal,)*],
+        fair_queue: [$($q:ident: $qp:literal,)*],
+        raise_fence: [$($r:ident: $rp:literal,)*],
+        describe: [$($d:ident: $dp:literal,)*],
+    ) => {
+        $crate::conformance_tests!(@run $f; [$($a),*]);
+        $crate::conformance_tests!(@gate $f; watch; $caps; [$($w),*]);
+        $crate::conformance_tests!(@gate $f; inspect; $caps; [$($i),*]);
+        $crate::conformance_tests!(@gate $f; fair_queue; $caps; [$($q),*]);
+        $crate::conformance_tests!(@gate $f; raise_fence; $caps; [$($r),*]);
+        $crate::conformance_tests!(@gate $f; describe; $caps; [$($d),*]);
+    };
     ($factory:expr, without: [$($cap:ident),* $(,)?] $(,)?) => {
         $( $crate::conformance_tests!(@known $cap); )*
-        $crate::conformance_tests!(@run $factory; [
-            acquire_and_release,
-            try_lock_on_held_key_returns_none,
-            distinct_keys_do_not_conflict,
-            mutual_exclusion_under_contention,
-            mutual_exclusion_across_clients,
-            expired_key_race_has_one_winner,
-            release_with_foreign_token_changes_nothing,
-            renew_with_foreign_token_changes_nothing,
-            cas_with_wrong_expected_changes_nothing,
-            double_release_reports_not_held,
-            delete_of_expired_hold_reports_false,
-            hand_over_gives_a_fresh_fence,
-            tokens_are_compared_exactly,
-            keys_are_distinct_exactly,
-            held_reply_names_the_real_holder,
-            key_expires_after_ttl,
-            fractional_ttls_are_honoured,
-            shared_lease_reports_earliest_expiry,
-            waiter_acquires_after_holder_stops_renewing,
-            renewal_keeps_lock_past_several_ttls,
-            renewal_after_expiry_is_refused,
-            renewal_sets_expiry_from_now,
-            batch_renewal_keeps_many_locks,
-            renew_many_answers_per_item,
-            renew_many_uses_each_items_ttl,
-            fences_increase_across_release,
-            fences_increase_across_expiry,
-            fences_increase_across_clients,
-            fences_rise_across_long_lived_clients,
-            fences_rise_under_contention,
-            fenced_resource_refuses_stale_holder,
-            lost_fires_when_key_deleted_behind_holder,
-            lost_fires_before_store_expiry_when_cut_off,
-            lost_callback_is_called,
-            duplicate_delivery_does_not_wait_on_itself,
-            dropped_waiter_leaves_no_hold,
-            cancelled_acquires_leave_no_orphan,
-            dropped_guard_releases_key,
-            longest_allowed_key_and_unicode_work
-        ]);
-        $crate::conformance_tests!(@gate $factory; watch; [$($cap)*]; [
-            release_wakes_waiter_quickly,
-            watch_subscribes_before_it_returns,
-            watch_fires_for_every_release
-        ]);
-        $crate::conformance_tests!(@gate $factory; inspect; [$($cap)*]; [
-            inspect_reports_holder,
-            inspect_and_list_are_exact,
-            inspect_hides_expired_holds
-        ]);
-        $crate::conformance_tests!(@gate $factory; fair_queue; [$($cap)*]; [
-            fair_queue_serves_in_arrival_order,
-            fair_newcomer_does_not_barge,
-            fair_dropped_waiter_leaves_the_queue,
-            fences_rise_across_fair_and_plain
-        ]);
-        $crate::conformance_tests!(@gate $factory; raise_fence; [$($cap)*]; [
-            raise_fence_lifts_later_fences,
-            raise_fence_is_a_max
-        ]);
-        $crate::conformance_tests!(@gate $factory; describe; [$($cap)*]; [
-            descriptions_belong_to_their_hold
-        ]);
-
-        #[test]
-        fn conformance_macro_stamps_every_case() {
-            let mut stamped = vec![
-                "acquire_and_release", "try_lock_on_held_key_returns_none",
-                "distinct_keys_do_not_conflict", "mutual_exclusion_under_contention",
-                "mutual_exclusion_across_clients", "expired_key_race_has_one_winner",
-                "release_with_foreign_token_changes_nothing",
-                "renew_with_foreign_token_changes_nothing",
-                "cas_with_wrong_expected_changes_nothing", "double_release_reports_not_held",
-                "delete_of_expired_hold_reports_false", "hand_over_gives_a_fresh_fence",
-                "tokens_are_compared_exactly", "keys_are_distinct_exactly",
-                "held_reply_names_the_real_holder", "key_expires_after_ttl",
-                "fractional_ttls_are_honoured", "shared_lease_reports_earliest_expiry",
-                "waiter_acquires_after_holder_stops_renewing",
-                "renewal_keeps_lock_past_several_ttls", "renewal_after_expiry_is_refused",
-                "renewal_sets_expiry_from_now", "batch_renewal_keeps_many_locks",
-                "renew_many_answers_per_item", "renew_many_uses_each_items_ttl",
-                "fences_increase_across_release", "fences_increase_across_expiry",
-                "fences_increase_across_clients", "fences_rise_across_long_lived_clients",
-                "fences_rise_under_contention", "fenced_resource_refuses_stale_holder",
-                "lost_fires_when_key_deleted_behind_holder",
-                "lost_fires_before_store_expiry_when_cut_off", "lost_callback_is_called",
-                "duplicate_delivery_does_not_wait_on_itself", "dropped_waiter_leaves_no_hold",
-                "cancelled_acquires_leave_no_orphan", "dropped_guard_releases_key",
-                "longest_allowed_key_and_unicode_work", "release_wakes_waiter_quickly",
-                "watch_subscribes_before_it_returns", "watch_fires_for_every_release",
-                "inspect_reports_holder", "inspect_and_list_are_exact",
-                "inspect_hides_expired_holds", "fair_queue_serves_in_arrival_order",
-                "fair_newcomer_does_not_barge", "fair_dropped_waiter_leaves_the_queue",
-                "fences_rise_across_fair_and_plain", "raise_fence_lifts_later_fences",
-                "raise_fence_is_a_max", "descriptions_belong_to_their_hold",
-            ];
-            let mut all: Vec<&str> = $crate::cases::ALL.iter().map(|c| c.name).collect();
-            stamped.sort_unstable();
-            all.sort_unstable();
-            assert_eq!(stamped, all);
-        }
+        $crate::__cases!($crate::conformance_tests; @stamp $factory; [$($cap)*]);
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn conformance_capabilities_match_stamping() {
