@@ -112,6 +112,7 @@ mod backend;
 mod config;
 mod conn;
 mod error;
+mod features;
 mod keys;
 mod pubsub;
 mod scripts;
