@@ -1,16 +1,13 @@
 //! A [`Backend`] wrapper that counts the requests the manager issues through
 //! it: the honest "requests issued by the client" for the renewal section.
+//! It forwards everything else, extensions included, unchanged.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use moltlock::{
-    Backend, Capabilities, CasOutcome, Error, Fence, HolderInfo, LockKey, ReleaseWatch, RenewItem,
-    Token,
-};
-use tokio::time::Instant;
+use moltlock::{Backend, CasOutcome, Error, Forward, LockKey, RenewItem, RenewMany, Token};
 
 /// Request counts so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -66,7 +63,13 @@ impl Counting {
 }
 
 #[async_trait]
-impl Backend for Counting {
+impl Forward for Counting {
+    type Inner = dyn Backend;
+
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+
     async fn cas(
         &self,
         key: &LockKey,
@@ -83,43 +86,19 @@ impl Backend for Counting {
         self.inner.delete(key, owner).await
     }
 
-    fn name(&self) -> &'static str {
-        self.inner.name()
+    fn renewer(&self) -> Option<&dyn RenewMany> {
+        self.inner.renewer().map(|_| self as &dyn RenewMany)
     }
+}
 
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
-        self.inner.watch(key).await
-    }
-
-    fn earliest_expiry(&self, ttl: Duration, sent_at: Instant) -> Instant {
-        self.inner.earliest_expiry(ttl, sent_at)
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        self.inner.inspect(key).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
-        self.inner.list(prefix).await
-    }
-
+#[async_trait]
+impl RenewMany for Counting {
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
         self.counters.renew_many.fetch_add(1, Ordering::Relaxed);
         let n = items.len() as u64;
         self.counters.renew_items.fetch_add(n, Ordering::Relaxed);
-        self.inner.renew_many(items).await
-    }
-
-    async fn fair_acquire(
-        &self,
-        key: &LockKey,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<Fence, Error> {
-        self.inner.fair_acquire(key, token, ttl).await
+        let batch =
+            moltlock::extension::require(self.inner.name(), self.inner.renewer(), "batch renewal")?;
+        batch.renew_many(items).await
     }
 }

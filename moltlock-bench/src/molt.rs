@@ -21,7 +21,7 @@ impl MoltLocker {
     /// # Errors
     /// A TTL the backend rejects.
     pub fn new(backend: Arc<dyn Backend>, fair: bool) -> Result<Self, String> {
-        let manager = LockManager::builder_arc(backend)
+        let manager = LockManager::builder(backend)
             .build()
             .map_err(|e| e.to_string())?;
         Ok(Self { manager, fair })

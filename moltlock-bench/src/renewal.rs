@@ -63,7 +63,7 @@ pub async fn renewal(
     tasks: usize,
 ) -> Result<RenewalResult, String> {
     let backend = t.backend().await?;
-    let ttl = ttl.max(backend.capabilities().min_ttl);
+    let ttl = ttl.max(backend.limits().min_ttl);
     let (counting, counts) = Counting::new(backend);
     let manager = LockManager::builder(counting)
         .ttl(ttl)

@@ -210,7 +210,7 @@ async fn measure_with(
     r.parallel = closed_loop(molt_c, keys(t, "lock-p"), a.tasks, b).await?;
     r.parallel_ratio = ratio(r.parallel.per_sec, r.floor_parallel.per_sec);
     r.contended = Some(contend_molt(t, a, false).await?);
-    if backend.capabilities().fair_queue {
+    if backend.fair_queue().is_some() {
         r.contended_fair = Some(contend_molt(t, a, true).await?);
     }
     if a.locks > 0 {

@@ -188,3 +188,14 @@ fn bad_input_is_an_error_not_a_panic() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a duration"));
 }
+
+/// The counting wrapper forwards every extension of what it wraps (it once
+/// dropped `raise_fence`).
+#[test]
+fn counting_wrapper_exposes_the_inner_extensions() {
+    use moltlock::extension::extensions;
+    let inner: std::sync::Arc<dyn moltlock::Backend> =
+        std::sync::Arc::new(moltlock::MemoryBackend::new());
+    let (counting, _reader) = moltlock_bench::counting::Counting::new(inner.clone());
+    assert_eq!(extensions(&counting), extensions(&*inner));
+}

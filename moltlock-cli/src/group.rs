@@ -191,7 +191,7 @@ pub fn watchdog_main(parent: Option<&str>) -> ExitCode {
         .and_then(Pid::from_raw)
     else {
         eprintln!("moltlock: the watchdog needs its parent's pid");
-        return ExitCode::from(crate::EXIT_USAGE);
+        return ExitCode::from(crate::exit::EXIT_USAGE);
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -200,12 +200,12 @@ pub fn watchdog_main(parent: Option<&str>) -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("moltlock: watchdog: cannot start the runtime: {e}");
-            return ExitCode::from(crate::EXIT_ERROR);
+            return ExitCode::from(crate::exit::EXIT_ERROR);
         }
     };
     runtime.block_on(watch(parent));
     // `watch` only returns after killing its own group, itself included.
-    ExitCode::from(crate::EXIT_ERROR)
+    ExitCode::from(crate::exit::EXIT_ERROR)
 }
 
 /// Whether `moltlock` (the parent) still runs.

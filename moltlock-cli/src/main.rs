@@ -1,9 +1,11 @@
 //! `moltlock`: run a command under a distributed lock, inspect holders, and
 //! check a store against the lock contract.
 
-mod check;
+mod conformance;
 mod duration;
+mod exit;
 mod group;
+mod paint;
 mod run;
 mod status;
 mod store;
@@ -13,20 +15,7 @@ use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-/// The command ran and exited with this status.
-const EXIT_OK: u8 = 0;
-/// The command line cannot work (unknown option, bad duration, a `--grace`
-/// that does not fit the TTL, an in-memory store for `run`, `--fair` on a
-/// store without a fair queue): `EX_USAGE` of sysexits.h.
-const EXIT_USAGE: u8 = 64;
-/// A store error (connection refused, bad URL, bad key) or an internal one.
-const EXIT_ERROR: u8 = 70;
-/// `--no-wait` and the lock was held elsewhere.
-const EXIT_BUSY: u8 = 75;
-/// Waiting for the lock took longer than `--timeout`.
-const EXIT_TIMEOUT: u8 = 124;
-/// The lock was lost while the command ran; the command was stopped.
-const EXIT_LOST: u8 = 125;
+use exit::{Failure, EXIT_ERROR, EXIT_OK, EXIT_USAGE};
 
 /// How long `moltlock` waits, before exiting, for best-effort releases of
 /// holds it gave up (a `--timeout` that cut an attempt short, say).
@@ -77,43 +66,7 @@ enum Command {
     /// Show current holders, their fences and time left.
     Status(status::StatusArgs),
     /// Run the conformance suite against the store at --url.
-    Conformance(check::CheckArgs),
-}
-
-/// Parses a duration such as `90s`, `1h30m`, `250ms` or `2m 30s`.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    duration::parse(s)
-}
-
-/// A failure to report: a message for stderr and the status to exit with.
-#[derive(Debug)]
-pub struct Failure {
-    code: u8,
-    message: String,
-}
-
-impl Failure {
-    /// A usage error (status 64).
-    fn usage(message: impl Into<String>) -> Self {
-        Self {
-            code: EXIT_USAGE,
-            message: message.into(),
-        }
-    }
-
-    /// A store or internal error (status 70).
-    fn error(message: impl Into<String>) -> Self {
-        Self {
-            code: EXIT_ERROR,
-            message: message.into(),
-        }
-    }
-}
-
-impl From<moltlock::Error> for Failure {
-    fn from(e: moltlock::Error) -> Self {
-        Self::error(e.to_string())
-    }
+    Conformance(conformance::CheckArgs),
 }
 
 /// The command line, with the default store's actual path in `--help`.
@@ -197,7 +150,7 @@ async fn dispatch(cli: Cli, default_url: Option<String>) -> u8 {
     let result = match cli.command {
         Command::Run(args) => run_command(&url, is_default, args).await,
         Command::Status(args) => status::status(&url, args).await.map_err(Failure::from),
-        Command::Conformance(args) => check::check(&url, args).await.map_err(Failure::from),
+        Command::Conformance(args) => conformance::check(&url, args).await.map_err(Failure::from),
     };
     match result {
         Ok(code) => code,
@@ -224,20 +177,6 @@ async fn run_command(url: &str, is_default: bool, args: run::RunArgs) -> Result<
     run::run(url, args).await
 }
 
-/// Whether to colour output: only on a terminal, and never with NO_COLOR.
-fn colour(stream_is_terminal: bool) -> bool {
-    stream_is_terminal && std::env::var_os("NO_COLOR").is_none()
-}
-
-/// Paints `text` with an ANSI colour code when `on`.
-fn paint(text: &str, code: &str, on: bool) -> String {
-    if on {
-        format!("\x1b[{code}m{text}\x1b[0m")
-    } else {
-        text.to_owned()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,26 +186,5 @@ mod tests {
         Cli::command().debug_assert();
         let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("moltlock run --key nightly-report"), "{help}");
-    }
-
-    #[test]
-    fn paint_only_when_asked() {
-        assert_eq!(paint("x", "32", false), "x");
-        assert_eq!(paint("x", "32", true), "\x1b[32mx\x1b[0m");
-        assert!(!colour(false));
-    }
-
-    #[test]
-    fn exit_codes_are_distinct() {
-        let codes = [
-            EXIT_OK,
-            EXIT_USAGE,
-            EXIT_ERROR,
-            EXIT_BUSY,
-            EXIT_TIMEOUT,
-            EXIT_LOST,
-        ];
-        let set: std::collections::HashSet<u8> = codes.into_iter().collect();
-        assert_eq!(set.len(), codes.len());
     }
 }

@@ -12,10 +12,9 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
 
+use crate::duration;
+use crate::exit::{Failure, EXIT_BUSY, EXIT_ERROR, EXIT_LOST, EXIT_TIMEOUT, EXIT_USAGE};
 use crate::group::{signal_group, Watchdog};
-use crate::{
-    duration, parse_duration, Failure, EXIT_BUSY, EXIT_ERROR, EXIT_LOST, EXIT_TIMEOUT, EXIT_USAGE,
-};
 
 /// The clock-drift allowance the manager is built with: a hold is trusted
 /// locally for `ttl × (1 − DRIFT)` after the request that confirmed it.
@@ -32,7 +31,7 @@ pub struct RunArgs {
     #[arg(long)]
     key: String,
     /// The lock's TTL; it is renewed every TTL/3 while the command runs.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = duration::parse)]
     ttl: Duration,
     /// Wait for the lock (the default).
     #[arg(long, conflicts_with = "no_wait")]
@@ -41,7 +40,7 @@ pub struct RunArgs {
     #[arg(long)]
     no_wait: bool,
     /// Give up waiting after this long (status 124); `0` makes one attempt.
-    #[arg(long, value_parser = parse_duration, conflicts_with = "no_wait")]
+    #[arg(long, value_parser = duration::parse, conflicts_with = "no_wait")]
     timeout: Option<Duration>,
     /// How long the command has between SIGTERM and SIGKILL when it must
     /// stop. Default 10s, or TTL × 0.48 if less; at most TTL × 0.48.
@@ -53,7 +52,7 @@ pub struct RunArgs {
     /// expiry. So the grace must leave room for renewals: at most
     /// TTL × (1 − 0.02) − TTL/3 (the renewal interval) − TTL/6 (time for a
     /// failed renewal to be retried) = TTL × 0.48.
-    #[arg(long, value_parser = parse_duration, verbatim_doc_comment)]
+    #[arg(long, value_parser = duration::parse, verbatim_doc_comment)]
     grace: Option<Duration>,
     /// Wait in a fair (arrival-order) queue; only for stores that have one
     /// (etcd).
@@ -139,11 +138,11 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
         b = moltlock::connect(url) => b?,
         sig = signals.recv() => return Ok(signal_status(sig)),
     };
-    let manager = LockManager::builder_arc(backend)
+    let manager = LockManager::builder(backend)
         .ttl(args.ttl)
         .drift(DRIFT)
         .build()?;
-    if args.fair && !manager.backend().capabilities().fair_queue {
+    if args.fair && manager.backend().fair_queue().is_none() {
         return Err(Failure::usage(format!(
             "--fair needs a store with a fair queue (etcd); {} has none",
             manager.backend().name()
@@ -251,10 +250,8 @@ async fn acquire(
 /// The current holder of `key`, where the store can tell.
 async fn holder_of(manager: &LockManager, key: &str) -> Option<moltlock::HolderInfo> {
     let k = moltlock::LockKey::new(key).ok()?;
-    if !manager.backend().capabilities().inspect {
-        return None;
-    }
-    manager.backend().inspect(&k).await.ok().flatten()
+    let inspector = manager.backend().inspector()?;
+    inspector.inspect(&k).await.ok().flatten()
 }
 
 /// `host h pid p since t: command (abcdef12…, fence f, 12.3s left)`.

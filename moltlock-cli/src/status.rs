@@ -4,7 +4,9 @@ use clap::Args;
 use moltlock::{Error, HolderInfo};
 use serde::Serialize;
 
-use crate::{colour, duration, paint, EXIT_OK};
+use crate::duration;
+use crate::exit::EXIT_OK;
+use crate::paint::{colour, paint};
 
 /// Options of `moltlock status`.
 #[derive(Args, Debug)]
@@ -88,6 +90,8 @@ pub async fn status(url: &str, args: StatusArgs) -> Result<u8, Error> {
     print!("{}", table(&new_rows, on));
     Ok(EXIT_OK)
 }
+
+use moltlock::BackendExt;
 
 async fn holders(url: &str, prefix: &str) -> Result<Vec<Row>, Error> {
     // Looking must not create a store: a SQLite file that is not there (or

@@ -1,6 +1,7 @@
 //! `moltlock run` end to end: real processes, real stores.
 #![allow(clippy::unwrap_used)] // helpers shared by the tests below unwrap like the tests do
 
+use moltlock::BackendExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -3,13 +3,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::manager::Inner;
+use crate::registry::Inner;
 use crate::{Backend, LockKey, Token};
 
 /// Pauses before each further delete of a cancelled acquisition: its request
 /// may still be in flight (on another connection, or in a blocking task) and
 /// land after the first delete. The last pause repeats until the backend's
-/// [`late_write`](crate::Capabilities::late_write) bound has passed.
+/// [`late_write`](crate::Limits::late_write) bound has passed.
 const CANCELLED_PAUSES: [Duration; 4] = [
     Duration::from_millis(50),
     Duration::from_millis(200),
@@ -106,7 +106,7 @@ impl Drop for PendingAcquire {
                 &self.inner,
                 self.key.clone(),
                 self.token.clone(),
-                Some(self.inner.caps.late_write),
+                Some(self.inner.limits.late_write),
             );
         }
     }

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::redact::redact;
+
 /// Why a held lock stopped being held.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -14,8 +16,6 @@ pub enum LostReason {
     Deadline,
     /// The backend's session (for example an etcd lease) ended.
     Session(String),
-    /// The guard was released or dropped by its owner.
-    Released,
 }
 
 impl fmt::Display for LostReason {
@@ -24,10 +24,12 @@ impl fmt::Display for LostReason {
             Self::Refused => f.write_str("the store refused a renewal (the key is no longer ours)"),
             Self::Deadline => f.write_str("no renewal was confirmed before the validity deadline"),
             Self::Session(why) => write!(f, "the backend session ended: {why}"),
-            Self::Released => f.write_str("released by its owner"),
         }
     }
 }
+
+/// A client library's error, kept as the source of an [`Error`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Every failure MoltLock reports. [`Error::is_retryable`] tells transient
 /// store trouble (worth another try) from permanent mistakes.
@@ -66,26 +68,35 @@ pub enum Error {
     Unavailable {
         /// The backend's name.
         backend: &'static str,
-        /// What the client library said.
+        /// What the client library said, secrets redacted.
         message: String,
+        /// The client library's own error, where there was one.
+        #[source]
+        source: Option<BoxError>,
     },
     /// The store refused our credentials or permissions. Permanent.
     #[error("{backend}: authentication or permission failure: {message}")]
     Auth {
         /// The backend's name.
         backend: &'static str,
-        /// What the store said.
+        /// What the store said, secrets redacted.
         message: String,
+        /// The client library's own error, where there was one.
+        #[source]
+        source: Option<BoxError>,
     },
     /// The store answered with an error.
     #[error("{backend}: store error: {message}")]
     Store {
         /// The backend's name.
         backend: &'static str,
-        /// What the store said.
+        /// What the store said, secrets redacted.
         message: String,
         /// Whether trying again may succeed.
         retryable: bool,
+        /// The client library's own error, where there was one.
+        #[source]
+        source: Option<BoxError>,
     },
     /// The backend does not offer this optional operation.
     #[error("{backend}: {what} is not supported by this backend")]
@@ -129,28 +140,95 @@ impl Error {
         }
     }
 
-    /// A retryable [`Error::Unavailable`].
+    /// A retryable [`Error::Unavailable`]; the message is redacted.
     pub fn unavailable(backend: &'static str, message: impl fmt::Display) -> Self {
         Self::Unavailable {
             backend,
-            message: message.to_string(),
+            message: redact(&message.to_string()),
+            source: None,
         }
     }
 
-    /// An [`Error::Store`] with the given retryability.
+    /// An [`Error::Store`] with the given retryability; the message is
+    /// redacted.
     pub fn store(backend: &'static str, message: impl fmt::Display, retryable: bool) -> Self {
         Self::Store {
             backend,
-            message: message.to_string(),
+            message: redact(&message.to_string()),
             retryable,
+            source: None,
         }
     }
 
-    /// A permanent [`Error::Auth`].
+    /// A permanent [`Error::Auth`]; the message is redacted.
     pub fn auth(backend: &'static str, message: impl fmt::Display) -> Self {
         Self::Auth {
             backend,
-            message: message.to_string(),
+            message: redact(&message.to_string()),
+            source: None,
         }
+    }
+
+    /// The same error with `cause` (the client library's error) as its
+    /// [`source`](std::error::Error::source), so callers can downcast to
+    /// it. Only `Unavailable`, `Auth` and `Store` keep a source; other
+    /// variants are returned unchanged. The message shown stays the
+    /// redacted one; the source is the client's error as it is.
+    pub fn with_source(mut self, cause: impl Into<BoxError>) -> Self {
+        if let Self::Unavailable { source, .. }
+        | Self::Auth { source, .. }
+        | Self::Store { source, .. } = &mut self
+        {
+            *source = Some(cause.into());
+        }
+        self
+    }
+
+    /// An [`Error::Config`] with the message redacted.
+    pub fn config(message: impl fmt::Display) -> Self {
+        Self::Config(redact(&message.to_string()))
+    }
+
+    /// An [`Error::Unsupported`]: `backend` has no `what`.
+    pub fn unsupported(backend: &'static str, what: &'static str) -> Self {
+        Self::Unsupported { backend, what }
+    }
+}
+
+/// An [`Error`] whose messages went through [`redact`](crate::redact); for errors that may
+/// quote a URL or a store's echo of one.
+pub fn redact_error(error: Error) -> Error {
+    match error {
+        Error::Config(m) => Error::Config(redact(&m)),
+        Error::Unavailable {
+            backend,
+            message,
+            source,
+        } => Error::Unavailable {
+            backend,
+            message: redact(&message),
+            source,
+        },
+        Error::Auth {
+            backend,
+            message,
+            source,
+        } => Error::Auth {
+            backend,
+            message: redact(&message),
+            source,
+        },
+        Error::Store {
+            backend,
+            message,
+            retryable,
+            source,
+        } => Error::Store {
+            backend,
+            message: redact(&message),
+            retryable,
+            source,
+        },
+        other => other,
     }
 }

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::cleanup::spawn_release;
 use crate::hold::Hold;
-use crate::manager::Inner;
+use crate::registry::Inner;
 use crate::{Error, Fence, LockKey, LostReason, Token};
 
 /// Proof of a hold. The lock is renewed while the guard lives; release it with
@@ -126,7 +126,7 @@ impl LockGuard {
     /// or was taken over); store errors as they come.
     pub async fn release(mut self) -> Result<(), Error> {
         self.released = true;
-        self.inner.finish(&self.hold, LostReason::Released);
+        self.inner.release(&self.hold);
         let deleted = self
             .inner
             .backend
@@ -148,7 +148,7 @@ impl Drop for LockGuard {
         if self.released {
             return;
         }
-        self.inner.finish(&self.hold, LostReason::Released);
+        self.inner.release(&self.hold);
         spawn_release(
             &self.inner,
             self.hold.key.clone(),

@@ -14,6 +14,8 @@ use crate::{Fence, LockKey, LostReason, Token};
 pub(crate) struct HoldState {
     pub(crate) valid_until: Instant,
     pub(crate) lost: Option<LostReason>,
+    /// Its owner released it: it can no longer be lost.
+    pub(crate) released: bool,
 }
 
 /// What the store granted.
@@ -54,6 +56,7 @@ impl Hold {
         let state = HoldState {
             valid_until: valid_until(sent_at, expiry, drift),
             lost: None,
+            released: false,
         };
         Self {
             id,
@@ -74,8 +77,10 @@ impl Hold {
         self.state.borrow().clone()
     }
 
+    /// Lost or released: no longer renewed.
     pub(crate) fn is_lost(&self) -> bool {
-        self.state.borrow().lost.is_some()
+        let s = self.state.borrow();
+        s.lost.is_some() || s.released
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
@@ -132,15 +137,29 @@ impl Hold {
         self.set_next_renew(now);
     }
 
-    /// Marks the hold lost unless it already is; returns whether this call did.
-    /// A [`LostReason::Deadline`] is only taken once the deadline has passed.
+    /// Marks the hold lost unless it was lost or released before; returns
+    /// whether this call did. A [`LostReason::Deadline`] is only taken once
+    /// the deadline has passed.
     pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
         let now = Instant::now();
         self.state.send_if_modified(|s| {
-            if s.lost.is_some() || (reason == LostReason::Deadline && now < s.valid_until) {
+            let early = reason == LostReason::Deadline && now < s.valid_until;
+            if s.lost.is_some() || s.released || early {
                 return false;
             }
             s.lost = Some(reason);
+            true
+        })
+    }
+
+    /// Marks the hold released unless it was lost or released before;
+    /// returns whether this call did.
+    pub(crate) fn mark_released(&self) -> bool {
+        self.state.send_if_modified(|s| {
+            if s.lost.is_some() || s.released {
+                return false;
+            }
+            s.released = true;
             true
         })
     }

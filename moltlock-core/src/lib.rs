@@ -28,33 +28,51 @@
 mod backend;
 mod cleanup;
 mod clock;
+mod duration;
 mod error;
 mod events;
+mod features;
+mod forward;
 mod guard;
 mod hold;
 mod manager;
 mod memory;
 pub mod metrics;
 pub mod migrate;
+mod options;
 mod pending;
+mod records;
 mod redact;
+mod registry;
 mod renew;
 mod retry;
 mod types;
 
 pub use async_trait::async_trait;
-pub use backend::{Backend, Capabilities, CasOutcome, Held, HolderInfo, ReleaseWatch, RenewItem};
+pub use backend::{Backend, Limits, DEFAULT_LATE_WRITE};
 pub use clock::StoreClock;
-pub use error::{Error, LostReason};
+pub use duration::parse_duration;
+pub use error::{redact_error, BoxError, Error, LostReason};
 pub use events::KeyEvents;
+pub use features::{Describe, FairQueue, Inspect, RaiseFence, ReleaseWatch, RenewMany, Watch};
+pub use forward::{BackendExt, Forward};
 pub use guard::LockGuard;
-pub use manager::{LockManager, LockManagerBuilder, LockOptions, LostEvent};
+pub use manager::{LockManager, LockManagerBuilder};
 pub use memory::MemoryBackend;
 pub use migrate::{MigratingBackend, Phase};
+pub use options::LockOptions;
 pub use pending::{pending_cleanups, wait_for_cleanups};
-pub use redact::{redact, redact_error};
+pub use records::{CasOutcome, Held, HolderInfo, RenewItem};
+pub use redact::{redact, Secret};
+pub use registry::LostEvent;
 pub use retry::RetryPolicy;
 pub use types::{
     check_description, check_ttl, Fence, LockKey, Token, MAX_DESCRIPTION_LEN, MAX_KEY_LEN, MAX_TTL,
     MIN_TTL,
 };
+
+/// Helpers for optional backend features: which extensions a backend
+/// hands out, requiring one, and renewing without a batch.
+pub mod extension {
+    pub use crate::forward::{extensions, renew_each, require};
+}

@@ -1,48 +1,25 @@
-//! The lock manager: acquiring, waiting, and the registry of held locks.
+//! The lock manager: acquiring and waiting. The holds it keeps live in
+//! the registry ([`crate::registry`]).
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::cleanup::PendingAcquire;
-use crate::clock::StepListener;
+use crate::guard::LockGuard;
 use crate::hold::{Grant, Hold};
+use crate::options::LockOptions;
+use crate::registry::{Config, Inner, LostEvent};
 use crate::{
-    check_ttl, metrics, Backend, Capabilities, CasOutcome, Error, Held, LockGuard, LockKey,
-    LostReason, ReleaseWatch, RetryPolicy, Token,
+    check_ttl, metrics, Backend, CasOutcome, Error, Held, LockKey, ReleaseWatch, RetryPolicy, Token,
 };
-
-/// What the lost-lock callback is told.
-#[derive(Clone, Debug)]
-pub struct LostEvent {
-    /// The key that was lost.
-    pub key: LockKey,
-    /// The fence of the lost hold.
-    pub fence: crate::Fence,
-    /// Why it was lost.
-    pub reason: LostReason,
-}
 
 /// How many times in a row an acquire retries at once after the store
 /// answered with the caller's own hold, before it backs off as usual.
 const SELF_HELD_RETRIES: u32 = 3;
-
-type LostCallback = Arc<dyn Fn(&LostEvent) + Send + Sync>;
-
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) ttl: Duration,
-    pub(crate) drift: f64,
-    pub(crate) retry: RetryPolicy,
-    pub(crate) on_lost: Option<LostCallback>,
-    pub(crate) release_timeout: Duration,
-}
 
 /// Builds a [`LockManager`]. Defaults: TTL 30 s, renewal every TTL/3, clock
 /// drift allowance 2 %, exponential backoff with jitter (10 ms to 1 s),
@@ -95,205 +72,10 @@ impl LockManagerBuilder {
     /// # Errors
     /// [`Error::InvalidTtl`] when the default TTL is out of range for the backend.
     pub fn build(self) -> Result<LockManager, Error> {
-        let caps = self.backend.capabilities();
-        check_ttl(self.cfg.ttl, caps.min_ttl)?;
+        check_ttl(self.cfg.ttl, self.backend.limits().min_ttl)?;
         Ok(LockManager {
             inner: Inner::new(self.backend, self.cfg),
         })
-    }
-}
-
-/// Options for one acquisition.
-#[derive(Clone, Debug, Default)]
-pub struct LockOptions {
-    ttl: Option<Duration>,
-    timeout: Option<Duration>,
-    no_wait: bool,
-    fair: bool,
-    description: Option<String>,
-}
-
-impl LockOptions {
-    /// Wait as long as it takes, with the manager's TTL.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The TTL of this hold.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
-        self
-    }
-
-    /// Give up with [`Error::Timeout`] after waiting this long.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
-
-    /// Try once and return `None` when the key is held elsewhere.
-    pub fn no_wait(mut self) -> Self {
-        self.no_wait = true;
-        self
-    }
-
-    /// Store this description with the hold (host, pid, command, since
-    /// when: who holds it, for `inspect`, `list` and `moltlock status`),
-    /// where the backend stores descriptions
-    /// ([`Capabilities::describe`]); elsewhere it is left out. At most
-    /// [`MAX_DESCRIPTION_LEN`](crate::MAX_DESCRIPTION_LEN) bytes, no control
-    /// characters. Costs one more round trip after the acquisition.
-    pub fn description(mut self, text: impl Into<String>) -> Self {
-        self.description = Some(text.into());
-        self
-    }
-
-    /// Wait in the backend's first-come, first-served queue (backends with
-    /// [`Capabilities::fair_queue`] only).
-    pub fn fair(mut self) -> Self {
-        self.fair = true;
-        self
-    }
-}
-
-#[derive(Default)]
-pub(crate) struct Registry {
-    pub(crate) holds: HashMap<u64, Arc<Hold>>,
-    pub(crate) driver: Option<JoinHandle<()>>,
-    /// When the driver means to look next; a new hold due later needs no wake.
-    pub(crate) scheduled: Option<Instant>,
-}
-
-pub(crate) struct Inner {
-    pub(crate) backend: Arc<dyn Backend>,
-    pub(crate) caps: Capabilities,
-    pub(crate) cfg: Config,
-    pub(crate) registry: Mutex<Registry>,
-    pub(crate) wake: Arc<Notify>,
-    next_id: AtomicU64,
-    /// Forward steps of the store's clock: when each was seen, and its size.
-    steps: Mutex<Vec<(Instant, Duration)>>,
-    /// Kept alive here; the store clock holds it weakly.
-    _on_step: Option<Arc<StepListener>>,
-    /// The runtime the manager was built or first acquired on, for releases
-    /// asked for on a thread without one (a guard or an acquire future
-    /// dropped there). Every hold is taken inside an acquire, so it is set
-    /// before any release can be asked for.
-    pub(crate) runtime: std::sync::OnceLock<tokio::runtime::Handle>,
-}
-
-/// Steps remembered for confirmations still in flight.
-const STEPS_KEPT: usize = 64;
-
-impl Inner {
-    fn new(backend: Arc<dyn Backend>, cfg: Config) -> Arc<Self> {
-        Arc::new_cyclic(|me: &std::sync::Weak<Inner>| {
-            let on_step = backend.store_clock().map(|clock| {
-                let me = me.clone();
-                let listener: Arc<StepListener> = Arc::new(move |step: Duration| {
-                    if let Some(inner) = me.upgrade() {
-                        inner.store_clock_stepped(step);
-                    }
-                });
-                clock.subscribe(&listener);
-                listener
-            });
-            Inner {
-                caps: backend.capabilities(),
-                backend,
-                cfg,
-                registry: Mutex::new(Registry::default()),
-                wake: Arc::new(Notify::new()),
-                next_id: AtomicU64::new(1),
-                steps: Mutex::default(),
-                _on_step: on_step,
-                runtime: tokio::runtime::Handle::try_current()
-                    .map(std::sync::OnceLock::from)
-                    .unwrap_or_default(),
-            }
-        })
-    }
-
-    /// The store's clock stepped forward by `step`: every hold expires that
-    /// much sooner in the store, so each loses that much validity now and
-    /// is renewed at once.
-    fn store_clock_stepped(&self, step: Duration) {
-        {
-            let mut steps = lock(&self.steps);
-            steps.push((Instant::now(), step));
-            let extra = steps.len().saturating_sub(STEPS_KEPT);
-            steps.drain(..extra);
-        }
-        let holds: Vec<Arc<Hold>> = self.registry().holds.values().cloned().collect();
-        for hold in holds {
-            hold.shorten(step);
-        }
-        self.wake.notify_one();
-    }
-
-    /// The store's expiry for a hold written by a request sent at
-    /// `sent_at`, less every clock step seen since the request was sent (a
-    /// reply may have been written before the step).
-    pub(crate) fn expiry(&self, ttl: Duration, sent_at: Instant) -> Instant {
-        let expiry = self.backend.earliest_expiry(ttl, sent_at);
-        let stepped: Duration = lock(&self.steps)
-            .iter()
-            .filter(|(seen, _)| *seen > sent_at)
-            .map(|(_, step)| *step)
-            .sum();
-        expiry.checked_sub(stepped).unwrap_or(sent_at)
-    }
-
-    pub(crate) fn registry(&self) -> MutexGuard<'_, Registry> {
-        match self.registry.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-
-    /// Removes the hold from renewal and, if it was not lost before, records why.
-    pub(crate) fn finish(&self, hold: &Hold, reason: LostReason) {
-        let marked = hold.mark_lost(reason.clone());
-        if marked || reason == LostReason::Released {
-            self.registry().holds.remove(&hold.id);
-        }
-        if !marked {
-            return;
-        }
-        if reason == LostReason::Released {
-            metrics::released(self.backend.name(), hold.acquired_at.elapsed());
-            return;
-        }
-        tracing::warn!(key = %hold.key, fence = %hold.fence, %reason, "lock lost");
-        metrics::lost(self.backend.name());
-        if let Some(cb) = &self.cfg.on_lost {
-            cb(&LostEvent {
-                key: hold.key.clone(),
-                fence: hold.fence,
-                reason,
-            });
-        }
-    }
-
-    fn register(self: &Arc<Self>, hold: Hold) -> Arc<Hold> {
-        let hold = Arc::new(hold);
-        let mut reg = self.registry();
-        reg.holds.insert(hold.id, hold.clone());
-        let running = reg.driver.as_ref().is_some_and(|h| !h.is_finished());
-        if !running {
-            reg.scheduled = None;
-            reg.driver = Some(tokio::spawn(crate::renew::drive(
-                Arc::downgrade(self),
-                self.wake.clone(),
-            )));
-        }
-        let due = hold.next_renew().min(hold.valid_until());
-        let wake = reg.scheduled.is_none_or(|at| due < at);
-        drop(reg);
-        if wake {
-            self.wake.notify_one();
-        }
-        hold
     }
 }
 
@@ -314,28 +96,20 @@ impl fmt::Debug for LockManager {
 }
 
 impl LockManager {
-    /// A manager with default settings over `backend`.
+    /// A manager with default settings over `backend` (a backend, or a
+    /// shared one: `Arc<dyn Backend>` and `Box<dyn Backend>` are backends).
     pub fn new(backend: impl Backend) -> Self {
-        Self::from_arc(Arc::new(backend))
-    }
-
-    /// A manager with default settings over a shared backend.
-    pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
         Self {
-            inner: Inner::new(backend, default_config()),
+            inner: Inner::new(Arc::new(backend), Config::default()),
         }
     }
 
-    /// A builder over `backend`.
+    /// A builder over `backend` (a backend, or a shared one, as
+    /// [`new`](Self::new)).
     pub fn builder(backend: impl Backend) -> LockManagerBuilder {
-        Self::builder_arc(Arc::new(backend))
-    }
-
-    /// A builder over a shared backend.
-    pub fn builder_arc(backend: Arc<dyn Backend>) -> LockManagerBuilder {
         LockManagerBuilder {
-            backend,
-            cfg: default_config(),
+            backend: Arc::new(backend),
+            cfg: Config::default(),
         }
     }
 
@@ -392,14 +166,14 @@ impl LockManager {
         opts: LockOptions,
     ) -> Result<Option<LockGuard>, Error> {
         let key = LockKey::new(key.as_ref())?;
-        key.check_len(self.inner.caps.max_key_len)?;
+        key.check_len(self.inner.limits.max_key_len)?;
         if self.inner.runtime.get().is_none() {
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
                 let _ = self.inner.runtime.set(handle);
             }
         }
         let ttl = opts.ttl.unwrap_or(self.inner.cfg.ttl);
-        check_ttl(ttl, self.inner.caps.min_ttl)?;
+        check_ttl(ttl, self.inner.limits.min_ttl)?;
         if let Some(text) = &opts.description {
             crate::check_description(text)?;
         }
@@ -425,14 +199,10 @@ impl LockManager {
     /// Stores the holder description, where the backend can; a failure only
     /// costs the description.
     async fn describe(&self, guard: &LockGuard, text: &str) {
-        if !self.inner.caps.describe {
+        let Some(describer) = self.inner.backend.describer() else {
             return;
-        }
-        let done = self
-            .inner
-            .backend
-            .describe(guard.key(), guard.token(), text)
-            .await;
+        };
+        let done = describer.describe(guard.key(), guard.token(), text).await;
         if let Err(e) = done {
             tracing::debug!(key = %guard.key(), error = %e, "the holder description was not stored");
         }
@@ -507,19 +277,15 @@ impl LockManager {
     }
 
     async fn acquire_fair(&self, key: &LockKey, ttl: Duration) -> Result<LockGuard, Error> {
-        if !self.inner.caps.fair_queue {
-            return Err(Error::Unsupported {
-                backend: self.inner.backend.name(),
-                what: "fair queue",
-            });
-        }
+        let backend = &*self.inner.backend;
+        let queue = crate::forward::require(backend.name(), backend.fair_queue(), "fair queue")?;
         loop {
             let token = Token::random();
             let mut pending = PendingAcquire::new(self.inner.clone(), key, &token);
             // The store may start the TTL at any point of the call, so the
             // validity deadline counts from before it, as on every path.
             let sent_at = Instant::now();
-            let fence = self.inner.backend.fair_acquire(key, &token, ttl).await?;
+            let fence = queue.fair_acquire(key, &token, ttl).await?;
             match self.confirm_late_grant(key, &token, ttl, sent_at).await {
                 Ok(Some(sent_at)) => {
                     pending.disarm();
@@ -558,11 +324,9 @@ impl LockManager {
     }
 
     async fn open_watch(&self, key: &LockKey) -> Option<Box<dyn ReleaseWatch>> {
-        if !self.inner.caps.notifies_release {
-            return None;
-        }
-        match self.inner.backend.watch(key).await {
-            Ok(w) => w,
+        let watcher = self.inner.backend.watcher()?;
+        match watcher.watch(key).await {
+            Ok(w) => Some(w),
             Err(e) => {
                 tracing::debug!(%key, error = %e, "no release watch; polling instead");
                 None
@@ -606,24 +370,9 @@ impl LockManager {
             ttl,
         };
         let hold = Hold::new(id, grant, self.inner.cfg.drift, sent_at, expiry);
-        let hold = self.inner.register(hold);
+        let hold = self
+            .inner
+            .register(hold, || crate::renew::spawn_driver(&self.inner));
         LockGuard::new(self.inner.clone(), hold)
-    }
-}
-
-fn default_config() -> Config {
-    Config {
-        ttl: Duration::from_secs(30),
-        drift: 0.02,
-        retry: RetryPolicy::default(),
-        on_lost: None,
-        release_timeout: Duration::from_secs(5),
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
     }
 }

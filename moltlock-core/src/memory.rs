@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::{
-    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, KeyEvents, LockKey,
-    ReleaseWatch, Token,
+    Backend, CasOutcome, Describe, Error, Fence, Held, HolderInfo, Inspect, KeyEvents, LockKey,
+    RaiseFence, ReleaseWatch, RenewItem, RenewMany, Token, Watch,
 };
 
 struct Entry {
@@ -109,15 +109,29 @@ impl Backend for MemoryBackend {
         "memory"
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new()
-            .with_notifications()
-            .with_inspect()
-            .with_batch_renew()
-            .with_raise_fence()
-            .with_describe()
+    fn watcher(&self) -> Option<&dyn Watch> {
+        Some(self)
     }
 
+    fn inspector(&self) -> Option<&dyn Inspect> {
+        Some(self)
+    }
+
+    fn renewer(&self) -> Option<&dyn RenewMany> {
+        Some(self)
+    }
+
+    fn describer(&self) -> Option<&dyn Describe> {
+        Some(self)
+    }
+
+    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Describe for MemoryBackend {
     async fn describe(
         &self,
         key: &LockKey,
@@ -134,17 +148,45 @@ impl Backend for MemoryBackend {
         }
         Ok(true)
     }
+}
 
-    async fn raise_fence(&self, _key: &LockKey, floor: Fence) -> Result<(), Error> {
+#[async_trait]
+impl RaiseFence for MemoryBackend {
+    async fn raise_fence(&self, _key: &LockKey, minimum: Fence) -> Result<(), Error> {
         let mut st = self.lock();
-        st.last_fence = st.last_fence.max(floor.0);
+        st.last_fence = st.last_fence.max(minimum.0);
         Ok(())
     }
+}
 
-    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
-        Ok(Some(self.events.subscribe(key.as_str())))
+#[async_trait]
+impl Watch for MemoryBackend {
+    async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error> {
+        Ok(self.events.subscribe(key.as_str()))
     }
+}
 
+#[async_trait]
+impl RenewMany for MemoryBackend {
+    /// Renews the batch under one lock of the store.
+    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        Ok(items
+            .iter()
+            .map(|item| {
+                let live = st.live(item.key.as_str(), now).map(|e| &e.holder) == Some(&item.token);
+                if let (true, Some(e)) = (live, st.entries.get_mut(item.key.as_str())) {
+                    e.expires_at = now + item.ttl;
+                }
+                live
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl Inspect for MemoryBackend {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         let now = Instant::now();
         let mut st = self.lock();

@@ -13,12 +13,12 @@
 
 use std::time::Duration;
 
-use crate::{Error, LockGuard};
+use crate::Error;
 
 #[cfg(feature = "metrics")]
 pub(crate) fn acquire_outcome(
     backend: &'static str,
-    outcome: &Result<Option<LockGuard>, Error>,
+    outcome: &Result<Option<impl Sized>, Error>,
     waited: Duration,
 ) {
     let label = match outcome {
@@ -38,7 +38,7 @@ pub(crate) fn acquire_outcome(
 #[cfg(not(feature = "metrics"))]
 pub(crate) fn acquire_outcome(
     _backend: &'static str,
-    _outcome: &Result<Option<LockGuard>, Error>,
+    _outcome: &Result<Option<impl Sized>, Error>,
     _waited: Duration,
 ) {
 }

@@ -23,11 +23,15 @@
 //! overlapping.
 //!
 //! **Fences.** A `Both` node reports `max(old fence, new fence)` and, before
-//! returning, raises the other store's fence floor for the key
-//! ([`Backend::raise_fence`]) above it. So every later fence from either store
+//! returning, raises the other store's fence minimum for the key
+//! ([`RaiseFence`]) above it. So every later fence from either store
 //! exceeds every fence reported before: fences never go backwards for the
-//! resource, whichever phases its writers are in. Both stores must declare
-//! [`Capabilities::raise_fence`].
+//! resource, whichever phases its writers are in. Both stores must hand out
+//! [`Backend::fence_raiser`].
+//!
+//! In `Old` and `New` the migrating backend is exactly the store that
+//! decides: the same limits and the same extensions (a fair queue
+//! included).
 //!
 //! Rolling back is the same steps in reverse (`New` → `Both` → `Old`), each
 //! safe for the same reasons.
@@ -38,9 +42,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::forward::require;
 use crate::{
-    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, ReleaseWatch,
-    RenewItem, Token,
+    Backend, CasOutcome, Describe, Error, FairQueue, Fence, Held, Inspect, Limits, LockKey,
+    RaiseFence, ReleaseWatch, RenewItem, RenewMany, Token, Watch,
 };
 
 /// Where a node stands in a migration.
@@ -150,7 +155,7 @@ impl MigratingBackend {
     /// fences across the switch need it).
     pub fn new(old: Arc<dyn Backend>, new: Arc<dyn Backend>, phase: Phase) -> Result<Self, Error> {
         for store in [&old, &new] {
-            if !store.capabilities().raise_fence {
+            if store.fence_raiser().is_none() {
                 return Err(Error::Config(format!(
                     "the {} backend cannot raise its fences, which a migration needs to keep \
                      fences monotonic",
@@ -219,7 +224,14 @@ impl MigratingBackend {
         } else {
             &self.new
         };
-        if let Err(e) = lower.raise_fence(key, fence).await {
+        let raised = match lower.fence_raiser() {
+            Some(r) => r.raise_fence(key, fence).await,
+            None => Err(Error::Unsupported {
+                backend: lower.name(),
+                what: "raising fences",
+            }),
+        };
+        if let Err(e) = raised {
             self.delete(key, token).await?;
             return Err(e);
         }
@@ -267,29 +279,11 @@ impl Backend for MigratingBackend {
         "migrating"
     }
 
-    fn capabilities(&self) -> Capabilities {
-        if let Some(store) = self.single() {
-            return store.capabilities();
+    fn limits(&self) -> Limits {
+        match self.single() {
+            Some(store) => store.limits(),
+            None => self.old.limits().both(self.new.limits()),
         }
-        let (a, b) = (self.old.capabilities(), self.new.capabilities());
-        let mut caps = Capabilities::new()
-            .with_min_ttl(a.min_ttl.max(b.min_ttl))
-            .with_max_key_len(a.max_key_len.min(b.max_key_len))
-            .with_late_write(a.late_write.max(b.late_write))
-            .with_raise_fence();
-        if a.notifies_release || b.notifies_release {
-            caps = caps.with_notifications();
-        }
-        if a.inspect {
-            caps = caps.with_inspect();
-        }
-        if a.describe {
-            caps = caps.with_describe();
-        }
-        if a.batch_renew && b.batch_renew {
-            caps = caps.with_batch_renew();
-        }
-        caps
     }
 
     fn earliest_expiry(
@@ -313,60 +307,89 @@ impl Backend for MigratingBackend {
 
     /// In `Both`, waits on the store that refused the last attempt (the old
     /// one, unless the new one was held).
-    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
-        if let Some(store) = self.single() {
-            return store.watch(key).await;
+    fn watcher(&self) -> Option<&dyn Watch> {
+        match self.single() {
+            Some(store) => store.watcher(),
+            None if self.old.watcher().is_some() || self.new.watcher().is_some() => Some(self),
+            None => None,
         }
-        let old = self.old.watch(key).await?;
-        let new = self.new.watch(key).await?;
-        if old.is_none() && new.is_none() {
-            return Ok(None);
+    }
+
+    /// In `Both`, the old store's (where every node still locks).
+    fn inspector(&self) -> Option<&dyn Inspect> {
+        self.single().unwrap_or(&self.old).inspector()
+    }
+
+    /// In `Both`, one batch on each store when both can.
+    fn renewer(&self) -> Option<&dyn RenewMany> {
+        match self.single() {
+            Some(store) => store.renewer(),
+            None if self.old.renewer().is_some() && self.new.renewer().is_some() => Some(self),
+            None => None,
         }
-        Ok(Some(Box::new(BothWatch {
+    }
+
+    /// In `Both`, on the old store (where `inspect` reads).
+    fn describer(&self) -> Option<&dyn Describe> {
+        self.single().unwrap_or(&self.old).describer()
+    }
+
+    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
+        match self.single() {
+            Some(store) => store.fence_raiser(),
+            None => Some(self),
+        }
+    }
+
+    /// Only in `Old` and `New`: two queues cannot hand a key out in one order.
+    fn fair_queue(&self) -> Option<&dyn FairQueue> {
+        self.single()?.fair_queue()
+    }
+}
+
+#[async_trait]
+impl Watch for MigratingBackend {
+    async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error> {
+        let old = open_watch(&*self.old, key).await?;
+        let new = open_watch(&*self.new, key).await?;
+        Ok(Box::new(BothWatch {
             key: key.clone(),
             busy: self.busy.clone(),
             old,
             new,
-        })))
+        }))
     }
+}
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        self.single().unwrap_or(&self.old).inspect(key).await
+async fn open_watch(
+    store: &dyn Backend,
+    key: &LockKey,
+) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
+    match store.watcher() {
+        Some(w) => w.watch(key).await.map(Some),
+        None => Ok(None),
     }
+}
 
-    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
-        self.single().unwrap_or(&self.old).list(prefix).await
-    }
-
+#[async_trait]
+impl RenewMany for MigratingBackend {
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
-        if let Some(store) = self.single() {
-            return store.renew_many(items).await;
-        }
-        let a = self.old.renew_many(items).await?;
-        let b = self.new.renew_many(items).await?;
+        let old = require(self.old.name(), self.old.renewer(), "batch renewal")?;
+        let new = require(self.new.name(), self.new.renewer(), "batch renewal")?;
+        let a = old.renew_many(items).await?;
+        let b = new.renew_many(items).await?;
         Ok(a.iter().zip(&b).map(|(x, y)| *x && *y).collect())
     }
+}
 
-    /// In `Both`, on the old store (where `inspect` reads).
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
-        self.single()
-            .unwrap_or(&self.old)
-            .describe(key, owner, description)
-            .await
-    }
-
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
-        match self.single() {
-            Some(store) => store.raise_fence(key, floor).await,
-            None => {
-                self.old.raise_fence(key, floor).await?;
-                self.new.raise_fence(key, floor).await
-            }
+#[async_trait]
+impl RaiseFence for MigratingBackend {
+    async fn raise_fence(&self, key: &LockKey, minimum: Fence) -> Result<(), Error> {
+        for store in [&self.old, &self.new] {
+            require(store.name(), store.fence_raiser(), "raising fences")?
+                .raise_fence(key, minimum)
+                .await?;
         }
+        Ok(())
     }
 }

@@ -18,7 +18,36 @@
 //! It may hide more than a secret (an e-mail address's local part, say),
 //! never less of the forms above.
 
-use crate::Error;
+use std::fmt;
+
+/// A password (or key) that never shows in `Debug` or `Display` output,
+/// logs or errors. Every backend's configuration keeps its secrets in one.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself; use it only to hand it to the client library.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(MASK)
+    }
+}
 
 /// The mask put where a secret was.
 const MASK: &str = "***";
@@ -57,32 +86,6 @@ pub fn redact(text: &str) -> String {
         rest = &rest[end..];
     }
     out
-}
-
-/// An [`Error`] whose messages went through [`redact`]; for errors that may
-/// quote a URL or a store's echo of one.
-pub fn redact_error(error: Error) -> Error {
-    match error {
-        Error::Config(m) => Error::Config(redact(&m)),
-        Error::Unavailable { backend, message } => Error::Unavailable {
-            backend,
-            message: redact(&message),
-        },
-        Error::Auth { backend, message } => Error::Auth {
-            backend,
-            message: redact(&message),
-        },
-        Error::Store {
-            backend,
-            message,
-            retryable,
-        } => Error::Store {
-            backend,
-            message: redact(&message),
-            retryable,
-        },
-        other => other,
-    }
 }
 
 /// Word boundaries: white space, quotes and angle brackets.
@@ -180,6 +183,7 @@ fn is_secret_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{redact_error, Error};
 
     #[test]
     fn malformed_urls_lose_their_passwords() {

@@ -7,14 +7,19 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::hold::Hold;
-use crate::manager::Inner;
+use crate::registry::Inner;
 use crate::{metrics, LostReason, RenewItem};
 
 /// How long the driver sleeps when it has nothing scheduled.
 const IDLE: Duration = Duration::from_secs(3600);
 
+/// Starts the renewal driver of `inner`'s holds.
+pub(crate) fn spawn_driver(inner: &Arc<Inner>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(drive(Arc::downgrade(inner), inner.wake.clone()))
+}
+
 /// Runs until the manager is gone or holds nothing.
-pub(crate) async fn drive(inner: Weak<Inner>, wake: Arc<Notify>) {
+async fn drive(inner: Weak<Inner>, wake: Arc<Notify>) {
     loop {
         let notified = wake.notified();
         let Some(inner) = inner.upgrade() else {
@@ -97,7 +102,14 @@ async fn renew(inner: &Arc<Inner>, due: &[Arc<Hold>]) {
     };
     let sent_at = Instant::now();
     let name = inner.backend.name();
-    let result = tokio::time::timeout_at(deadline, inner.backend.renew_many(&items)).await;
+    let backend = &*inner.backend;
+    let renewal = async {
+        match backend.renewer() {
+            Some(batch) => batch.renew_many(&items).await,
+            None => crate::forward::renew_each(backend, &items).await,
+        }
+    };
+    let result = tokio::time::timeout_at(deadline, renewal).await;
     match result {
         Ok(Ok(held)) if held.len() == due.len() => {
             metrics::renewed(name, due.len());

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::Error;
 
 /// Longest key, in bytes, that core accepts. Backends may declare a lower limit
-/// through [`Capabilities::max_key_len`](crate::Capabilities::max_key_len).
+/// through [`Limits::max_key_len`](crate::Limits::max_key_len).
 pub const MAX_KEY_LEN: usize = 256;
 
 /// Longest holder description, in bytes (see
@@ -35,7 +35,7 @@ pub fn check_description(text: &str) -> Result<(), Error> {
 }
 
 /// Shortest TTL core accepts. Backends may declare a higher floor through
-/// [`Capabilities::min_ttl`](crate::Capabilities::min_ttl).
+/// [`Limits::min_ttl`](crate::Limits::min_ttl).
 pub const MIN_TTL: Duration = Duration::from_millis(10);
 
 /// Longest TTL core accepts (one week). Longer holds should renew instead.

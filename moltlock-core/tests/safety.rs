@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use moltlock_core::{
-    async_trait, Backend, Capabilities, CasOutcome, Error, Fence, LockKey, LockManager,
-    MemoryBackend, MigratingBackend, Phase, ReleaseWatch, RenewItem, Token,
+    async_trait, Backend, BackendExt, CasOutcome, Error, FairQueue, Fence, Forward, Limits,
+    LockKey, LockManager, MemoryBackend, MigratingBackend, Phase, RenewItem, RenewMany, Token,
 };
 use tokio::time::{sleep, Instant};
 
@@ -91,10 +91,13 @@ impl Backend for SlowFair {
         self.store.delete(key, owner).await
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new().with_fair_queue()
+    fn fair_queue(&self) -> Option<&dyn FairQueue> {
+        Some(self)
     }
+}
 
+#[async_trait]
+impl FairQueue for SlowFair {
     async fn fair_acquire(
         &self,
         key: &LockKey,
@@ -170,6 +173,13 @@ impl Backend for Hanging {
         self.store.delete(key, owner).await
     }
 
+    fn renewer(&self) -> Option<&dyn RenewMany> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl RenewMany for Hanging {
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
         let hangs = {
             let hang = self.hang.lock().unwrap();
@@ -180,7 +190,7 @@ impl Backend for Hanging {
         if hangs {
             std::future::pending::<()>().await;
         }
-        self.store.renew_many(items).await
+        RenewMany::renew_many(&self.store, items).await
     }
 }
 
@@ -244,7 +254,13 @@ struct Counting {
 }
 
 #[async_trait]
-impl Backend for Counting {
+impl Forward for Counting {
+    type Inner = MemoryBackend;
+
+    fn inner(&self) -> &MemoryBackend {
+        &self.inner
+    }
+
     async fn cas(
         &self,
         key: &LockKey,
@@ -254,22 +270,6 @@ impl Backend for Counting {
     ) -> Result<CasOutcome, Error> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.inner.cas(key, expected, new, ttl).await
-    }
-
-    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        self.inner.delete(key, owner).await
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
-        self.inner.watch(key).await
-    }
-
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
-        self.inner.raise_fence(key, floor).await
     }
 }
 
@@ -321,8 +321,8 @@ impl Backend for LandsLate {
         self.0.delete(key, owner).await
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new().with_late_write(Duration::from_secs(9))
+    fn limits(&self) -> Limits {
+        Limits::new().with_late_write(Duration::from_secs(9))
     }
 }
 
@@ -462,7 +462,7 @@ async fn forward_store_clock_step_shortens_every_hold_at_once() {
         offset: Mutex::new(Duration::ZERO),
         renewals: AtomicU64::new(0),
     });
-    let mgr = LockManager::builder_arc(backend.clone())
+    let mgr = LockManager::builder(backend.clone())
         .ttl(Duration::from_secs(30))
         .build()
         .unwrap();
@@ -501,7 +501,7 @@ async fn step_larger_than_the_validity_loses_the_hold() {
     });
     let lost: Arc<Mutex<Vec<String>>> = Arc::default();
     let seen = lost.clone();
-    let mgr = LockManager::builder_arc(backend.clone())
+    let mgr = LockManager::builder(backend.clone())
         .ttl(Duration::from_secs(3))
         .on_lost(move |e| seen.lock().unwrap().push(e.key.to_string()))
         .build()

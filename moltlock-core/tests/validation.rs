@@ -9,8 +9,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use moltlock_core::{
-    async_trait, Backend, Capabilities, CasOutcome, Error, LockGuard, LockKey, LockManager,
-    LockOptions, MemoryBackend, Token, MAX_KEY_LEN, MAX_TTL, MIN_TTL,
+    async_trait, Backend, CasOutcome, Error, Limits, LockGuard, LockKey, LockManager, LockOptions,
+    MemoryBackend, Token, MAX_KEY_LEN, MAX_TTL, MIN_TTL,
 };
 
 fn manager() -> LockManager {
@@ -57,8 +57,8 @@ impl Backend for Short {
         self.0.delete(key, owner).await
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new().with_max_key_len(16)
+    fn limits(&self) -> Limits {
+        Limits::new().with_max_key_len(16)
     }
 }
 

@@ -11,8 +11,8 @@ use etcd_client::{
     PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use moltlock_core::{
-    async_trait, Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey,
-    ReleaseWatch, RenewItem, Token,
+    async_trait, Backend, CasOutcome, Describe, Error, FairQueue, Fence, Held, HolderInfo, Inspect,
+    Limits, LockKey, RaiseFence, ReleaseWatch, RenewItem, RenewMany, Token, Watch,
 };
 use tokio::time::Instant;
 
@@ -679,14 +679,8 @@ impl Backend for EtcdBackend {
         NAME
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new()
-            .with_notifications()
-            .with_inspect()
-            .with_batch_renew()
-            .with_fair_queue()
-            .with_raise_fence()
-            .with_describe()
+    fn limits(&self) -> Limits {
+        Limits::new()
             .with_min_ttl(self.shared.min_ttl)
             // A request the client gave up on may still be applied: a lock
             // key, or a fair-queue entry, that lands after the first
@@ -695,20 +689,50 @@ impl Backend for EtcdBackend {
             .with_late_write(self.shared.timeout + Duration::from_secs(1))
     }
 
-    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
-        Ok(Some(Box::new(KeyWatch {
-            hub: self.shared.watches.clone(),
-            key: self.shared.full_key(key),
-            wakeups: self.shared.wakeups.clone(),
-        })))
-    }
-
     /// The lease's own bound: the instant before its last confirmed grant or
     /// keep-alive, plus its TTL.
     fn earliest_expiry(&self, ttl: Duration, sent_at: Instant) -> Instant {
         self.shared.session.bound(ttl, sent_at)
     }
 
+    fn watcher(&self) -> Option<&dyn Watch> {
+        Some(self)
+    }
+
+    fn inspector(&self) -> Option<&dyn Inspect> {
+        Some(self)
+    }
+
+    fn renewer(&self) -> Option<&dyn RenewMany> {
+        Some(self)
+    }
+
+    fn describer(&self) -> Option<&dyn Describe> {
+        Some(self)
+    }
+
+    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
+        Some(self)
+    }
+
+    fn fair_queue(&self) -> Option<&dyn FairQueue> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Watch for EtcdBackend {
+    async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error> {
+        Ok(Box::new(KeyWatch {
+            hub: self.shared.watches.clone(),
+            key: self.shared.full_key(key),
+            wakeups: self.shared.wakeups.clone(),
+        }))
+    }
+}
+
+#[async_trait]
+impl Inspect for EtcdBackend {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         let mut client = self.shared.client.clone();
         let resp = call(
@@ -730,39 +754,6 @@ impl Backend for EtcdBackend {
             .map(|f| Fence(f.get().saturating_add(offset.unsigned_abs())));
         info.description = self.shared.description(key).await?;
         Ok(Some(info))
-    }
-
-    /// Puts the description on the hold's own lease, in a Txn that checks
-    /// the token and the lease, so it ends with the hold.
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
-        let k = self.shared.full_key(key);
-        let mut client = self.shared.client.clone();
-        let resp = call("get", self.shared.timeout, client.get(k.clone(), None)).await?;
-        let Some(kv) = resp
-            .kvs()
-            .first()
-            .filter(|kv| kv.value() == owner.as_str().as_bytes())
-        else {
-            return Ok(false);
-        };
-        let lease = kv.lease();
-        let put = PutOptions::new().with_lease(lease);
-        let txn = Txn::new()
-            .when([
-                Compare::value(k.clone(), CompareOp::Equal, owner.as_str()),
-                Compare::lease(k, CompareOp::Equal, lease),
-            ])
-            .and_then([TxnOp::put(
-                self.shared.info_key(key),
-                description,
-                Some(put),
-            )]);
-        Ok(self.shared.txn(txn).await.map_err(map)?.succeeded())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
@@ -815,7 +806,10 @@ impl Backend for EtcdBackend {
         }
         Ok(out)
     }
+}
 
+#[async_trait]
+impl RenewMany for EtcdBackend {
     /// One keep-alive per lease in use, then one lease query per lease (and
     /// reads only for keys whose last write is uncertain) to check each hold
     /// still has its token. A lease that is gone makes every hold on it
@@ -847,7 +841,46 @@ impl Backend for EtcdBackend {
         }
         Ok(out)
     }
+}
 
+#[async_trait]
+impl Describe for EtcdBackend {
+    /// Puts the description on the hold's own lease, in a Txn that checks
+    /// the token and the lease, so it ends with the hold.
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        let k = self.shared.full_key(key);
+        let mut client = self.shared.client.clone();
+        let resp = call("get", self.shared.timeout, client.get(k.clone(), None)).await?;
+        let Some(kv) = resp
+            .kvs()
+            .first()
+            .filter(|kv| kv.value() == owner.as_str().as_bytes())
+        else {
+            return Ok(false);
+        };
+        let lease = kv.lease();
+        let put = PutOptions::new().with_lease(lease);
+        let txn = Txn::new()
+            .when([
+                Compare::value(k.clone(), CompareOp::Equal, owner.as_str()),
+                Compare::lease(k, CompareOp::Equal, lease),
+            ])
+            .and_then([TxnOp::put(
+                self.shared.info_key(key),
+                description,
+                Some(put),
+            )]);
+        Ok(self.shared.txn(txn).await.map_err(map)?.succeeded())
+    }
+}
+
+#[async_trait]
+impl RaiseFence for EtcdBackend {
     /// Lifts the key's fence offset so that `create revision + offset`
     /// exceeds `floor` for every later hold: revisions only grow and the
     /// offset never shrinks.
@@ -864,7 +897,10 @@ impl Backend for EtcdBackend {
         call("put", self.shared.timeout, put).await?;
         Ok(())
     }
+}
 
+#[async_trait]
+impl FairQueue for EtcdBackend {
     async fn fair_acquire(
         &self,
         key: &LockKey,

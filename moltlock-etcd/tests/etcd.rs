@@ -1,6 +1,7 @@
 //! etcd-specific behaviour against real servers: cancelled acquisitions,
 //! session loss, the fair queue's wake-ups and order, compaction, errors.
 
+use moltlock_core::BackendExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -328,7 +329,7 @@ async fn watch_sees_earlier_release_and_survives_compaction() -> TestResult {
     };
     assert!(held.revision.is_some() && held.holder.as_ref() == Some(&owner));
     assert!(a.delete(&k, &owner).await?);
-    let mut w = b.watch(&k).await?.ok_or("no watch")?;
+    let mut w = b.watch(&k).await?;
     tokio::time::timeout(Duration::from_secs(2), w.released(&held))
         .await
         .map_err(|_| "missed the release")??;

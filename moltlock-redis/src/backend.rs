@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use moltlock_core::{
-    async_trait, check_ttl, Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo,
-    LockKey, ReleaseWatch, RenewItem, StoreClock, Token,
+    async_trait, check_ttl, Backend, CasOutcome, Describe, Error, Fence, Held, Inspect, Limits,
+    LockKey, RaiseFence, RenewMany, StoreClock, Token, Watch,
 };
 use redis::{Client, RedisResult};
 use tokio::sync::OnceCell;
@@ -16,25 +16,20 @@ use crate::conn::{self, Conn};
 use crate::error::{bad_reply, map, timed_out, NAME};
 use crate::keys::Layout;
 use crate::pubsub::Notifier;
-use crate::scripts::{self, ACQUIRE, DESCRIBE, INSPECT, RAISE, RELEASE, SWAP};
+use crate::scripts::{self, ACQUIRE, RELEASE, SWAP};
 
 /// The shortest TTL this backend accepts.
 pub const MIN_TTL: Duration = Duration::from_millis(10);
 
-/// What this backend offers on top of CAS and delete.
-const CAPABILITIES: Capabilities = Capabilities::new()
-    .with_notifications()
-    .with_inspect()
-    .with_batch_renew()
-    .with_raise_fence()
-    .with_describe()
+/// The store's limits.
+pub(crate) const LIMITS: Limits = Limits::new()
     .with_min_ttl(MIN_TTL)
     .with_max_key_len(moltlock_core::MAX_KEY_LEN);
 
 /// A script's reply: `(1, fence, _)` when taken or renewed, `(0, holder, pttl)`
 /// when someone else holds the key.
 /// Status, fence or holder, PTTL, and the server's clock in µs.
-type CasReply = (i64, Option<String>, i64, i64);
+pub(crate) type CasReply = (i64, Option<String>, i64, i64);
 
 /// Locks on Redis (one server or a Cluster).
 ///
@@ -42,19 +37,19 @@ type CasReply = (i64, Option<String>, i64, i64);
 /// by itself) and one pub/sub connection (opened on the first wait).
 #[derive(Clone)]
 pub struct RedisBackend {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    conn: Conn,
-    layout: Layout,
-    cfg: RedisConfig,
-    clients: Vec<Client>,
-    notifier: OnceCell<Notifier>,
+pub(crate) struct Inner {
+    pub(crate) conn: Conn,
+    pub(crate) layout: Layout,
+    pub(crate) cfg: RedisConfig,
+    pub(crate) clients: Vec<Client>,
+    pub(crate) notifier: OnceCell<Notifier>,
     /// The server's clock, as replies report it (single-server mode only:
     /// the nodes of a Cluster each have a clock of their own, and a reply
     /// does not say which node sent it).
-    clock: StoreClock,
+    pub(crate) clock: StoreClock,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -73,11 +68,42 @@ impl RedisBackend {
     /// timeout, [`Error::Auth`] for refused credentials, [`Error::Config`]
     /// for unusable TLS material.
     ///
-    /// Cancel safe: dropping the future drops the half-open connection.
+    /// # Cancel safety
+    /// Dropping the future drops the half-open connection.
     pub async fn connect(cfg: RedisConfig) -> Result<Self, Error> {
+        cfg.check()?;
         let clients = conn::clients(&cfg)?;
         let conn = conn::connect(&cfg, &clients).await?;
-        let layout = Layout::new(cfg.key_prefix());
+        Ok(Self::assemble(cfg, clients, conn))
+    }
+
+    /// A backend over the application's own client (one server): its
+    /// connection settings (address, credentials, database, TLS) are the
+    /// client's; `cfg` gives the rest (key prefix, timeouts, fence
+    /// retention, restart quarantine). The backend opens its own command
+    /// and pub/sub connections from the client, so the application's
+    /// connections are never shared with lock traffic.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a cluster configuration or bad settings, else
+    /// as [`RedisBackend::connect`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the half-open connection.
+    pub async fn from_client(client: Client, cfg: RedisConfig) -> Result<Self, Error> {
+        cfg.check()?;
+        if cfg.mode == Mode::Cluster {
+            return Err(Error::config(
+                "from_client takes a single-server client; connect a cluster with connect()",
+            ));
+        }
+        let clients = vec![client];
+        let conn = conn::connect(&cfg, &clients).await?;
+        Ok(Self::assemble(cfg, clients, conn))
+    }
+
+    fn assemble(cfg: RedisConfig, clients: Vec<Client>, conn: Conn) -> Self {
+        let layout = Layout::new(&cfg.prefix);
         let inner = Inner {
             conn,
             layout,
@@ -86,9 +112,9 @@ impl RedisBackend {
             notifier: OnceCell::new(),
             clock: StoreClock::new(),
         };
-        Ok(Self {
+        Self {
             inner: Arc::new(inner),
-        })
+        }
     }
 
     /// Parses `url` (see [`RedisConfig::from_url`]) and connects.
@@ -105,7 +131,7 @@ impl RedisBackend {
     }
 
     /// Runs one script with the command timeout.
-    async fn script<T: redis::FromRedisValue>(
+    pub(crate) async fn script<T: redis::FromRedisValue>(
         &self,
         lua: &scripts::Lua,
         keys: &[&str],
@@ -116,48 +142,48 @@ impl RedisBackend {
     }
 
     /// Bounds a request by the command timeout and maps its error.
-    async fn timed<T>(
+    pub(crate) async fn timed<T>(
         &self,
         fut: impl std::future::Future<Output = RedisResult<T>>,
     ) -> Result<T, Error> {
-        tokio::time::timeout(self.inner.cfg.command_timeout(), fut)
+        tokio::time::timeout(self.inner.cfg.request_timeout, fut)
             .await
             .map_err(|_| timed_out("a Redis command"))?
             .map_err(map)
     }
 
     /// The fence retention argument of the scripts (ms; 0: forever).
-    fn keep(&self) -> String {
+    pub(crate) fn keep(&self) -> String {
         self.inner
             .cfg
-            .fence_retention()
+            .fence_retention
             .map_or_else(|| "0".to_owned(), millis)
     }
 
     /// The restart quarantine argument of the acquire script (ms; 0: off).
-    fn quarantine(&self) -> String {
+    pub(crate) fn quarantine(&self) -> String {
         self.inner
             .cfg
-            .restart_quarantine()
+            .restart_quarantine
             .map_or_else(|| "0".to_owned(), millis)
     }
 
-    fn check(&self, key: &LockKey, ttl: Duration) -> Result<(), Error> {
-        key.check_len(CAPABILITIES.max_key_len)?;
-        check_ttl(ttl, CAPABILITIES.min_ttl)
+    pub(crate) fn check(&self, key: &LockKey, ttl: Duration) -> Result<(), Error> {
+        key.check_len(LIMITS.max_key_len)?;
+        check_ttl(ttl, LIMITS.min_ttl)
     }
 
     /// A new hold may not outlive the restart quarantine: after a restart
     /// without persistence its holder may believe it holds for up to its
     /// TTL, so a shorter quarantine would grant the key beside it.
-    fn check_quarantine(&self, ttl: Duration) -> Result<(), Error> {
-        match self.inner.cfg.restart_quarantine() {
+    pub(crate) fn check_quarantine(&self, ttl: Duration) -> Result<(), Error> {
+        match self.inner.cfg.restart_quarantine {
             Some(q) if ttl > q => Err(Error::InvalidTtl {
                 ttl,
                 reason: format!(
                     "the Redis restart quarantine is {q:?}, shorter than this TTL: after a \
                      restart another client could be granted the key while this holder still \
-                     believes it holds it; raise restart_quarantine_ms to at least the TTL, \
+                     believes it holds it; raise restart_quarantine to at least the TTL, \
                      or turn it off with 0 for a durable Redis"
                 ),
             }),
@@ -165,116 +191,42 @@ impl RedisBackend {
         }
     }
 
-    async fn notifier(&self) -> &Notifier {
+    pub(crate) async fn notifier(&self) -> &Notifier {
         self.inner
             .notifier
             .get_or_init(|| async {
                 Notifier::start(
                     self.inner.clients.clone(),
                     self.inner.layout.channel_pattern(),
-                    self.inner.cfg.connect_timeout(),
+                    self.inner.cfg.connect_timeout,
                 )
             })
             .await
     }
 
-    /// Renews in one pipelined round trip (single server).
-    async fn renew_pipelined(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
-        let layout = &self.inner.layout;
-        let keys: Vec<(String, String, String, String)> = items
-            .iter()
-            .map(|i| {
-                let k = &i.key;
-                (
-                    layout.lock(k),
-                    layout.fence(k),
-                    layout.info(k),
-                    millis(i.ttl),
-                )
-            })
-            .collect();
-        let keep = self.keep();
-        let build = |by_source: bool| {
-            let mut pipe = redis::pipe();
-            for (item, (lock, fence, info, ttl)) in items.iter().zip(&keys) {
-                let token = item.token.as_str();
-                let args = [token, token, ttl, &keep];
-                pipe.add_command(SWAP.cmd(by_source, &[lock, fence, info], &args));
-            }
-            pipe
-        };
-        let mut conn = self.inner.conn.clone();
-        let sent_at = Instant::now();
-        let replies: Vec<CasReply> = self.timed(scripts::run_pipeline(&mut conn, build)).await?;
-        if let Some(&(_, _, _, clock)) = replies.first() {
-            self.saw_clock(sent_at, clock);
-        }
-        Ok(replies.into_iter().map(|(ok, _, _, _)| ok == 1).collect())
-    }
-
     /// Feeds a reply's server clock (µs since the epoch) to the store clock.
-    fn saw_clock(&self, sent_at: Instant, clock_us: i64) {
+    pub(crate) fn saw_clock(&self, sent_at: Instant, clock_us: i64) {
         let us = u64::try_from(clock_us).unwrap_or(0);
         self.inner.clock.observe(sent_at, Duration::from_micros(us));
     }
-
-    /// Renews concurrently, one script per hold (cluster: holds live on
-    /// different slots, so no single pipeline can carry them).
-    async fn renew_concurrently(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
-        let calls = items
-            .iter()
-            .map(|i| self.cas(&i.key, Some(&i.token), &i.token, i.ttl));
-        let outcomes = futures_util::future::join_all(calls).await;
-        outcomes
-            .into_iter()
-            .map(|o| o.map(|o| matches!(o, CasOutcome::Acquired { .. })))
-            .collect()
-    }
-
-    /// Every stored lock key under the caller's `prefix`.
-    async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>, Error> {
-        let pattern = self.inner.layout.scan_pattern(prefix);
-        let mut conn = self.inner.conn.clone();
-        if self.inner.cfg.mode() == Mode::Cluster {
-            // KEYS goes to every primary; SCAN cursors cannot span nodes.
-            let cmd = redis::cmd("KEYS").arg(&pattern).to_owned();
-            return self.timed(cmd.query_async(&mut conn)).await;
-        }
-        let mut out = Vec::new();
-        let mut cursor = 0u64;
-        loop {
-            let mut cmd = redis::cmd("SCAN");
-            cmd.arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(500);
-            let (next, batch): (u64, Vec<String>) = self.timed(cmd.query_async(&mut conn)).await?;
-            out.extend(batch);
-            if next == 0 {
-                return Ok(out);
-            }
-            cursor = next;
-        }
-    }
 }
 
-fn millis(ttl: Duration) -> String {
+pub(crate) fn millis(ttl: Duration) -> String {
     ttl.as_millis().max(1).to_string()
 }
 
-fn parse_fence(text: Option<String>) -> Result<Fence, Error> {
+pub(crate) fn parse_fence(text: Option<String>) -> Result<Fence, Error> {
     text.as_deref()
         .and_then(|t| t.parse::<u64>().ok())
         .map(Fence)
         .ok_or_else(|| bad_reply(format!("fence {text:?}")))
 }
 
-fn expires_in(pttl: i64) -> Option<Duration> {
+pub(crate) fn expires_in(pttl: i64) -> Option<Duration> {
     u64::try_from(pttl).ok().map(Duration::from_millis)
 }
 
-fn outcome(reply: CasReply) -> Result<CasOutcome, Error> {
+pub(crate) fn outcome(reply: CasReply) -> Result<CasOutcome, Error> {
     match reply {
         (1, fence, _, _) => Ok(CasOutcome::Acquired {
             fence: parse_fence(fence)?,
@@ -332,7 +284,7 @@ impl Backend for RedisBackend {
     /// Compare-and-DEL in one script; a successful delete publishes on the
     /// key's release channel.
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        key.check_len(CAPABILITIES.max_key_len)?;
+        key.check_len(LIMITS.max_key_len)?;
         let layout = &self.inner.layout;
         let (lock, info, channel) = (layout.lock(key), layout.info(key), layout.channel(key));
         let done: i64 = self
@@ -346,98 +298,30 @@ impl Backend for RedisBackend {
     }
 
     fn store_clock(&self) -> Option<&StoreClock> {
-        (self.inner.cfg.mode() == Mode::Single).then_some(&self.inner.clock)
+        (self.inner.cfg.mode == Mode::Single).then_some(&self.inner.clock)
     }
 
-    fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
+    fn limits(&self) -> Limits {
+        LIMITS
     }
 
-    /// Registers on the backend's shared pub/sub subscription. Errors when
-    /// the subscription is not live within the connect timeout; the manager
-    /// then polls.
-    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
-        let channel = self.inner.layout.channel(key);
-        let within = self.inner.cfg.connect_timeout();
-        let w = self.notifier().await.watch(channel, within).await?;
-        Ok(Some(Box::new(w)))
+    fn watcher(&self) -> Option<&dyn Watch> {
+        Some(self)
     }
 
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
-        key.check_len(CAPABILITIES.max_key_len)?;
-        let fence = self.inner.layout.fence(key);
-        let _: i64 = self
-            .script(&RAISE, &[&fence], &[&floor.get().to_string()])
-            .await?;
-        Ok(())
+    fn inspector(&self) -> Option<&dyn Inspect> {
+        Some(self)
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        key.check_len(CAPABILITIES.max_key_len)?;
-        let layout = &self.inner.layout;
-        let (lock, fence, info) = (layout.lock(key), layout.fence(key), layout.info(key));
-        let (holder, fence, pttl, description): (
-            Option<String>,
-            Option<String>,
-            i64,
-            Option<String>,
-        ) = self.script(&INSPECT, &[&lock, &fence, &info], &[]).await?;
-        let Some(holder) = holder else {
-            return Ok(None);
-        };
-        Ok(Some(HolderInfo {
-            key: key.as_str().to_owned(),
-            holder: Token::from_stored(holder),
-            fence: fence.and_then(|f| f.parse().ok()).map(Fence),
-            expires_in: expires_in(pttl),
-            description,
-        }))
+    fn renewer(&self) -> Option<&dyn RenewMany> {
+        Some(self)
     }
 
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
-        key.check_len(CAPABILITIES.max_key_len)?;
-        let layout = &self.inner.layout;
-        let (lock, info) = (layout.lock(key), layout.info(key));
-        let done: i64 = self
-            .script(&DESCRIBE, &[&lock, &info], &[owner.as_str(), description])
-            .await?;
-        Ok(done == 1)
+    fn describer(&self) -> Option<&dyn Describe> {
+        Some(self)
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
-        let mut out = Vec::new();
-        for stored in self.stored_keys(prefix).await? {
-            let Some(key) = self.inner.layout.caller_key(&stored) else {
-                continue;
-            };
-            let Ok(key) = LockKey::new(key) else {
-                continue;
-            };
-            if let Some(info) = self.inspect(&key).await? {
-                out.push(info);
-            }
-        }
-        out.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(out)
-    }
-
-    /// Single server: all holds in one pipelined round trip. Cluster: one
-    /// script per hold, all in flight at once.
-    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
-        for i in items {
-            self.check(&i.key, i.ttl)?;
-        }
-        if items.is_empty() {
-            return Ok(Vec::new());
-        }
-        match self.inner.cfg.mode() {
-            Mode::Single => self.renew_pipelined(items).await,
-            Mode::Cluster => self.renew_concurrently(items).await,
-        }
+    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
+        Some(self)
     }
 }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use moltlock_core::Error;
+use moltlock_core::{parse_duration, Error};
 use percent_encoding::percent_decode_str;
 
 /// The key prefix used when none is configured.
@@ -11,31 +11,11 @@ pub const DEFAULT_PREFIX: &str = "moltlock:";
 /// The connect timeout used when none is configured.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The per-command timeout used when none is configured.
-pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(3);
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long after a server start no free key is granted, unless configured.
 pub const DEFAULT_RESTART_QUARANTINE: Duration = Duration::from_secs(30);
 
-/// A password (or key) that never shows in `Debug` output or logs.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a secret value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    /// The secret itself; use it only to hand it to the client library.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
+pub use moltlock_core::Secret;
 
 /// How the backend talks to Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,7 +46,8 @@ impl fmt::Debug for TlsFiles {
 
 /// Everything needed to open a [`RedisBackend`](crate::RedisBackend).
 ///
-/// Build one with [`RedisConfig::builder`] or [`RedisConfig::from_url`]. The
+/// Make one with [`RedisConfig::new`] and its setters, or
+/// [`RedisConfig::from_url`]. The
 /// password is held as a [`Secret`] and never appears in `Debug` output.
 #[derive(Clone, Debug)]
 pub struct RedisConfig {
@@ -78,169 +59,133 @@ pub struct RedisConfig {
     pub(crate) database: i64,
     pub(crate) prefix: String,
     pub(crate) connect_timeout: Duration,
-    pub(crate) command_timeout: Duration,
+    pub(crate) request_timeout: Duration,
     pub(crate) tls_files: TlsFiles,
     pub(crate) fence_retention: Option<Duration>,
     pub(crate) restart_quarantine: Option<Duration>,
+    /// Whether a node was given (the first replaces the default).
+    explicit_nodes: bool,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl RedisConfig {
-    /// A builder with the defaults: `127.0.0.1:6379`, database 0, prefix
-    /// [`DEFAULT_PREFIX`], no TLS, single-server mode.
-    pub fn builder() -> RedisConfigBuilder {
-        RedisConfigBuilder::default()
+    /// The defaults: `127.0.0.1:6379`, database 0, key prefix
+    /// [`DEFAULT_PREFIX`], no TLS, single-server mode. Settings are checked
+    /// when the backend connects.
+    pub fn new() -> Self {
+        Self {
+            mode: Mode::Single,
+            tls: false,
+            nodes: vec![("127.0.0.1".into(), 6379)],
+            username: None,
+            password: None,
+            database: 0,
+            prefix: DEFAULT_PREFIX.into(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            tls_files: TlsFiles::default(),
+            fence_retention: None,
+            restart_quarantine: Some(DEFAULT_RESTART_QUARANTINE),
+            explicit_nodes: false,
+        }
     }
 
     /// Parses a URL:
     ///
     /// - `redis://[user[:password]@]host[:port][/db]` — one server;
     /// - `rediss://…` — the same over TLS (system roots unless a CA is set
-    ///   through [`RedisConfigBuilder::tls_ca_cert_pem`]);
+    ///   through [`RedisConfig::tls_ca_cert_pem`]);
     /// - `redis+cluster://…` and `rediss+cluster://…` — a Redis Cluster seeded
     ///   by the host given and any `node=host:port` query parameters.
     ///
-    /// Query parameters: `key_prefix`, `connect_timeout_ms`,
-    /// `command_timeout_ms`, `fence_retention_ms`, `restart_quarantine_ms`,
-    /// `node` (cluster seeds, repeatable).
+    /// Query parameters: `key_prefix`, `connect_timeout`, `request_timeout`,
+    /// `fence_retention`, `restart_quarantine` (durations as
+    /// [`parse_duration`] reads them: `250ms`, `5s`, `0s`), `node` (cluster
+    /// seeds, repeatable).
     ///
     /// # Errors
     /// [`Error::Config`] for an unparsable URL, an unknown scheme or
     /// parameter, or a bad value.
     pub fn from_url(url: &str) -> Result<Self, Error> {
-        RedisConfigBuilder::default().url(url)?.build()
+        let cfg = Self::new().apply_url(url)?;
+        cfg.check()?;
+        Ok(cfg)
     }
 
-    /// The key prefix.
-    pub fn key_prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// Whether this is a cluster configuration.
-    pub fn mode(&self) -> Mode {
-        self.mode
-    }
-
-    /// The per-command timeout.
-    pub fn command_timeout(&self) -> Duration {
-        self.command_timeout
-    }
-
-    /// The connect timeout.
-    pub fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
-    }
-
-    /// How long fence keys outlive their last hold (`None`: forever).
-    pub fn fence_retention(&self) -> Option<Duration> {
-        self.fence_retention
-    }
-
-    /// The restart quarantine (`None`: off; on by default); see
-    /// [`RedisConfigBuilder::restart_quarantine`].
-    pub fn restart_quarantine(&self) -> Option<Duration> {
-        self.restart_quarantine
-    }
-}
-
-/// Builds a [`RedisConfig`]; every setter has a default.
-#[derive(Clone, Debug)]
-pub struct RedisConfigBuilder {
-    cfg: RedisConfig,
-    explicit_nodes: bool,
-}
-
-impl Default for RedisConfigBuilder {
-    fn default() -> Self {
-        Self {
-            cfg: RedisConfig {
-                mode: Mode::Single,
-                tls: false,
-                nodes: vec![("127.0.0.1".into(), 6379)],
-                username: None,
-                password: None,
-                database: 0,
-                prefix: DEFAULT_PREFIX.into(),
-                connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-                command_timeout: DEFAULT_COMMAND_TIMEOUT,
-                tls_files: TlsFiles::default(),
-                fence_retention: None,
-                restart_quarantine: Some(DEFAULT_RESTART_QUARANTINE),
-            },
-            explicit_nodes: false,
-        }
-    }
-}
-
-impl RedisConfigBuilder {
     /// Adds a server address; the first call replaces the default
     /// `127.0.0.1:6379`. In cluster mode each address is a seed node.
     pub fn node(mut self, host: impl Into<String>, port: u16) -> Self {
         if !self.explicit_nodes {
-            self.cfg.nodes.clear();
+            self.nodes.clear();
             self.explicit_nodes = true;
         }
-        self.cfg.nodes.push((host.into(), port));
+        self.nodes.push((host.into(), port));
         self
     }
 
     /// Talks to a Redis Cluster (or to one server when `false`).
     pub fn cluster(mut self, on: bool) -> Self {
-        self.cfg.mode = if on { Mode::Cluster } else { Mode::Single };
+        self.mode = if on { Mode::Cluster } else { Mode::Single };
         self
     }
 
     /// Connects over TLS.
     pub fn tls(mut self, on: bool) -> Self {
-        self.cfg.tls = on;
+        self.tls = on;
         self
     }
 
     /// Trusts this CA (PEM) for TLS instead of the system roots.
     pub fn tls_ca_cert_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.cfg.tls_files.ca_cert_pem = Some(pem.into());
+        self.tls_files.ca_cert_pem = Some(pem.into());
         self
     }
 
     /// Presents this client certificate and key (PEM) for mutual TLS.
     pub fn tls_client_cert_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<String>) -> Self {
-        self.cfg.tls_files.client_cert_pem = Some((cert.into(), Secret::new(key)));
+        self.tls_files.client_cert_pem = Some((cert.into(), Secret::new(key)));
         self
     }
 
     /// The ACL user name (Redis 6+).
     pub fn username(mut self, user: impl Into<String>) -> Self {
-        self.cfg.username = Some(user.into());
+        self.username = Some(user.into());
         self
     }
 
     /// The password (of the ACL user, or `requirepass`).
     pub fn password(mut self, password: impl Into<String>) -> Self {
-        self.cfg.password = Some(Secret::new(password));
+        self.password = Some(Secret::new(password));
         self
     }
 
     /// The database number (single-server mode only; a cluster has only 0).
     pub fn database(mut self, db: i64) -> Self {
-        self.cfg.database = db;
+        self.database = db;
         self
     }
 
     /// The prefix of every key and channel this backend uses. It must not
     /// contain `{` or `}` (the backend places a hash tag after it).
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.cfg.prefix = prefix.into();
+        self.prefix = prefix.into();
         self
     }
 
     /// How long to wait for a connection to be made.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.cfg.connect_timeout = timeout;
+        self.connect_timeout = timeout;
         self
     }
 
-    /// How long to wait for the answer to one command.
-    pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.cfg.command_timeout = timeout;
+    /// How long to wait for the answer to one request.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
         self
     }
 
@@ -250,7 +195,7 @@ impl RedisConfigBuilder {
     /// key expired, fences rest on the server clock alone (see the crate's
     /// fencing notes).
     pub fn fence_retention(mut self, retention: Duration) -> Self {
-        self.cfg.fence_retention = Some(retention);
+        self.fence_retention = Some(retention);
         self
     }
 
@@ -271,15 +216,17 @@ impl RedisConfigBuilder {
     /// fresh server. Turn it off for a durable Redis (`appendonly yes`,
     /// `appendfsync always`), whose restarts keep holds.
     pub fn restart_quarantine(mut self, quarantine: Duration) -> Self {
-        self.cfg.restart_quarantine = (!quarantine.is_zero()).then_some(quarantine);
+        self.restart_quarantine = (!quarantine.is_zero()).then_some(quarantine);
         self
     }
 
+    /// Whether this is a cluster configuration.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
     /// Takes every setting a URL gives (see [`RedisConfig::from_url`]).
-    ///
-    /// # Errors
-    /// [`Error::Config`] when the URL is not valid.
-    pub fn url(mut self, url: &str) -> Result<Self, Error> {
+    fn apply_url(mut self, url: &str) -> Result<Self, Error> {
         let parsed = url::Url::parse(url).map_err(|e| bad(format!("unparsable URL: {e}")))?;
         let (tls, cluster) = scheme(parsed.scheme())?;
         self = self.tls(tls).cluster(cluster);
@@ -324,10 +271,10 @@ impl RedisConfigBuilder {
     fn url_param(self, name: &str, value: &str) -> Result<Self, Error> {
         match name {
             "key_prefix" | "prefix" => Ok(self.key_prefix(value)),
-            "connect_timeout_ms" => Ok(self.connect_timeout(millis(name, value)?)),
-            "command_timeout_ms" => Ok(self.command_timeout(millis(name, value)?)),
-            "fence_retention_ms" => Ok(self.fence_retention(millis(name, value)?)),
-            "restart_quarantine_ms" => Ok(self.restart_quarantine(millis(name, value)?)),
+            "connect_timeout" => Ok(self.connect_timeout(parse_duration(name, value)?)),
+            "request_timeout" => Ok(self.request_timeout(parse_duration(name, value)?)),
+            "fence_retention" => Ok(self.fence_retention(parse_duration(name, value)?)),
+            "restart_quarantine" => Ok(self.restart_quarantine(parse_duration(name, value)?)),
             "node" => {
                 let (host, port) = value
                     .rsplit_once(':')
@@ -341,14 +288,11 @@ impl RedisConfigBuilder {
         }
     }
 
-    /// Checks the settings and returns the configuration.
-    ///
-    /// # Errors
-    /// [`Error::Config`] for a prefix with `{`, `}` or control characters,
-    /// no nodes, a zero timeout, fence retention or restart quarantine, a
-    /// negative database, or a database other than 0 in cluster mode.
-    pub fn build(self) -> Result<RedisConfig, Error> {
-        let cfg = self.cfg;
+    /// Checks the settings: [`Error::Config`] for a prefix with `{`, `}`
+    /// or control characters, no nodes, a zero timeout or fence retention,
+    /// a negative database, or a database other than 0 in cluster mode.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        let cfg = self;
         if cfg
             .prefix
             .chars()
@@ -363,7 +307,7 @@ impl RedisConfigBuilder {
         }
         let under_1ms = |d: Option<Duration>| d.is_some_and(|d| d.as_millis() == 0);
         if cfg.connect_timeout.is_zero()
-            || cfg.command_timeout.is_zero()
+            || cfg.request_timeout.is_zero()
             || under_1ms(cfg.fence_retention)
             || under_1ms(cfg.restart_quarantine)
         {
@@ -375,7 +319,7 @@ impl RedisConfigBuilder {
         if cfg.database < 0 || (cfg.mode == Mode::Cluster && cfg.database != 0) {
             return Err(bad("the database must be >= 0, and 0 in cluster mode"));
         }
-        Ok(cfg)
+        Ok(())
     }
 }
 
@@ -403,13 +347,6 @@ fn decode(s: &str) -> Result<String, Error> {
         .map_err(|_| bad("the URL's user or password is not UTF-8"))
 }
 
-fn millis(name: &str, value: &str) -> Result<Duration, Error> {
-    value
-        .parse::<u64>()
-        .map(Duration::from_millis)
-        .map_err(|_| bad(format!("{name}={value:?} is not a number of milliseconds")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -417,7 +354,7 @@ mod tests {
     #[test]
     fn url_with_everything() -> Result<(), Error> {
         let cfg = RedisConfig::from_url(
-            "rediss://locker:p%40ss@127.0.0.1:6390/3?key_prefix=app:&command_timeout_ms=250",
+            "rediss://locker:p%40ss@127.0.0.1:6390/3?key_prefix=app:&request_timeout=250ms",
         )?;
         assert!(cfg.tls);
         assert_eq!(cfg.nodes, vec![("127.0.0.1".to_string(), 6390)]);
@@ -425,7 +362,7 @@ mod tests {
         assert_eq!(cfg.password.as_ref().map(Secret::expose), Some("p@ss"));
         assert_eq!(cfg.database, 3);
         assert_eq!(cfg.prefix, "app:");
-        assert_eq!(cfg.command_timeout, Duration::from_millis(250));
+        assert_eq!(cfg.request_timeout, Duration::from_millis(250));
         let shown = format!("{cfg:?}");
         assert!(
             !shown.contains("p@ss") && !shown.contains("p%40ss"),
@@ -437,17 +374,15 @@ mod tests {
     #[test]
     fn restart_quarantine_is_on_unless_turned_off() -> Result<(), Error> {
         assert_eq!(
-            RedisConfig::from_url("redis://127.0.0.1")?.restart_quarantine(),
+            RedisConfig::from_url("redis://127.0.0.1")?.restart_quarantine,
             Some(DEFAULT_RESTART_QUARANTINE)
         );
-        let off = RedisConfig::from_url("redis://127.0.0.1/?restart_quarantine_ms=0")?;
-        assert_eq!(off.restart_quarantine(), None);
-        let cfg = RedisConfig::from_url("redis://127.0.0.1/?restart_quarantine_ms=30000")?;
-        assert_eq!(cfg.restart_quarantine(), Some(Duration::from_secs(30)));
-        let built = RedisConfig::builder()
-            .restart_quarantine(Duration::from_secs(2))
-            .build()?;
-        assert_eq!(built.restart_quarantine(), Some(Duration::from_secs(2)));
+        let off = RedisConfig::from_url("redis://127.0.0.1/?restart_quarantine=0s")?;
+        assert_eq!(off.restart_quarantine, None);
+        let cfg = RedisConfig::from_url("redis://127.0.0.1/?restart_quarantine=30s")?;
+        assert_eq!(cfg.restart_quarantine, Some(Duration::from_secs(30)));
+        let built = RedisConfig::new().restart_quarantine(Duration::from_secs(2));
+        assert_eq!(built.restart_quarantine, Some(Duration::from_secs(2)));
         Ok(())
     }
 
@@ -469,7 +404,8 @@ mod tests {
             "redis://127.0.0.1/?nope=1",
             "redis://127.0.0.1/?key_prefix=a{b",
             "redis+cluster://127.0.0.1/2",
-            "redis://127.0.0.1/?restart_quarantine_ms=2s",
+            "redis://127.0.0.1/?restart_quarantine=2",
+            "redis://127.0.0.1/?request_timeout=0s",
         ] {
             assert!(
                 matches!(RedisConfig::from_url(url), Err(Error::Config(_))),

@@ -136,7 +136,7 @@ async fn single(cfg: &RedisConfig, clients: &[Client]) -> Result<Conn, Error> {
         .clone();
     let manager_cfg = ConnectionManagerConfig::new()
         .set_connection_timeout(cfg.connect_timeout)
-        .set_response_timeout(cfg.command_timeout)
+        .set_response_timeout(cfg.request_timeout)
         .set_number_of_retries(2)
         .set_max_delay(500);
     let manager = ConnectionManager::new_with_config(client, manager_cfg)
@@ -152,7 +152,7 @@ async fn cluster(cfg: &RedisConfig, clients: &[Client]) -> Result<Conn, Error> {
         .collect();
     let mut builder = ClusterClient::builder(seeds)
         .connection_timeout(cfg.connect_timeout)
-        .response_timeout(cfg.command_timeout)
+        .response_timeout(cfg.request_timeout)
         .retries(3);
     if let Some(user) = &cfg.username {
         builder = builder.username(user.clone());

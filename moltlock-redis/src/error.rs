@@ -11,19 +11,23 @@ pub(crate) const NAME: &str = "redis";
 /// `LOADING`) are [`Error::Unavailable`]; refused credentials or ACL
 /// permissions are [`Error::Auth`]; `OOM` and `NOSCRIPT` are retryable
 /// [`Error::Store`]; everything else is a permanent [`Error::Store`].
+///
+/// Every mapped error keeps the client's as its
+/// [`source`](std::error::Error::source), to downcast to [`RedisError`].
 pub(crate) fn map(e: RedisError) -> Error {
-    if is_auth(&e) {
-        return Error::auth(NAME, &e);
-    }
-    if is_transient(&e) {
-        return Error::unavailable(NAME, &e);
-    }
-    match e.kind() {
-        ErrorKind::InvalidClientConfig => Error::Config(format!("{NAME}: {e}")),
-        ErrorKind::NoScriptError => Error::store(NAME, &e, true),
-        _ if e.code() == Some("OOM") => Error::store(NAME, &e, true),
-        _ => Error::store(NAME, &e, false),
-    }
+    let error = if is_auth(&e) {
+        Error::auth(NAME, &e)
+    } else if is_transient(&e) {
+        Error::unavailable(NAME, &e)
+    } else {
+        match e.kind() {
+            ErrorKind::InvalidClientConfig => return Error::config(format!("{NAME}: {e}")),
+            ErrorKind::NoScriptError => Error::store(NAME, &e, true),
+            _ if e.code() == Some("OOM") => Error::store(NAME, &e, true),
+            _ => Error::store(NAME, &e, false),
+        }
+    };
+    error.with_source(e)
 }
 
 fn is_auth(e: &RedisError) -> bool {
@@ -78,7 +82,11 @@ mod tests {
         let noscript = RedisError::from((ErrorKind::NoScriptError, "NOSCRIPT"));
         assert!(map(noscript).is_retryable());
         let other = RedisError::from((ErrorKind::ResponseError, "ERR bad"));
-        assert!(!map(other).is_retryable());
+        let mapped = map(other);
+        assert!(!mapped.is_retryable());
+        let source =
+            std::error::Error::source(&mapped).and_then(|s| s.downcast_ref::<RedisError>());
+        assert_eq!(source.map(RedisError::kind), Some(ErrorKind::ResponseError));
         let _ = server("OOM", "command not allowed");
     }
 }

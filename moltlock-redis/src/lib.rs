@@ -45,7 +45,7 @@
 //! Each acquisition sets the fence to `max(stored fence + 1, server TIME in
 //! microseconds)`, inside the acquire script. So fences strictly increase
 //! per key while the fence key exists, and — because the fence key is given
-//! no expiry unless [`RedisConfigBuilder::fence_retention`] asks for one —
+//! no expiry unless [`RedisConfig::fence_retention`] asks for one —
 //! across release and expiry too. When Redis restarts
 //! *without persistence* (or the key is flushed or evicted), the stored
 //! fence is lost, but the next fence is the server's clock in microseconds,
@@ -81,13 +81,13 @@
 //! `lost()` fires. A new hold whose TTL is longer than the quarantine is
 //! refused (`Error::InvalidTtl`), since it could outlive the quarantine.
 //! **Set it to at least the longest TTL any client uses**
-//! ([`RedisConfigBuilder::restart_quarantine`], URL `restart_quarantine_ms`):
+//! ([`RedisConfig::restart_quarantine`], URL `restart_quarantine`):
 //! then even a holder cut off from the server has passed its own deadline
 //! before anyone else is granted a key.
 //!
 //! The cost: one wait per server start (per node on a Cluster), including
 //! the first start of a fresh server; keys already held are renewed as
-//! usual. `restart_quarantine_ms=0` turns it off, for a durable Redis
+//! usual. `restart_quarantine=0s` turns it off, for a durable Redis
 //! (`appendonly yes`, `appendfsync always`), whose restarts keep holds.
 //! Not covered: a `FLUSHALL` or an eviction of lock keys without a restart
 //! (use `noeviction`), and a failover to a replica that missed the latest
@@ -112,12 +112,15 @@ mod backend;
 mod config;
 mod conn;
 mod error;
+mod features;
 mod keys;
 mod pubsub;
 mod scripts;
 
 pub use backend::{RedisBackend, MIN_TTL};
 pub use config::{
-    Mode, RedisConfig, RedisConfigBuilder, Secret, TlsFiles, DEFAULT_COMMAND_TIMEOUT,
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
+    Mode, RedisConfig, Secret, TlsFiles, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
+    DEFAULT_REQUEST_TIMEOUT,
 };
+/// The Redis client library this backend is built on, for [`RedisBackend::from_client`].
+pub use redis;

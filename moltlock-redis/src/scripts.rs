@@ -126,15 +126,15 @@ return 0
     )
 });
 
-/// `KEYS`: fence. `ARGV`: floor. Lifts the stored fence to `floor` when it
+/// `KEYS`: fence. `ARGV`: minimum. Lifts the stored fence to `minimum` when it
 /// is lower, keeping any expiry it has; later fences exceed it. Reply: 1.
 pub(crate) static RAISE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
-local floor = tonumber(ARGV[1])
+local minimum = tonumber(ARGV[1])
 local cur = tonumber(redis.call('GET', KEYS[1])) or 0
-if floor > cur then
-  redis.call('SET', KEYS[1], string.format('%.0f', floor), 'KEEPTTL')
+if minimum > cur then
+  redis.call('SET', KEYS[1], string.format('%.0f', minimum), 'KEEPTTL')
 end
 return 1
 "

@@ -1,6 +1,7 @@
 //! The whole conformance suite against a local three-primary Redis Cluster
 //! (started per case by the fixture), plus cluster-specific checks.
 
+use moltlock_core::BackendExt;
 use std::sync::Arc;
 use std::time::Duration;
 

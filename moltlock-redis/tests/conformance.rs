@@ -12,14 +12,11 @@ fn store() -> moltlock_conformance::Factory {
     moltlock_fixtures::conformance_factory(fx::redis(), move |server| {
         let prefix = prefix.clone();
         async move {
-            let mut cfg = RedisConfig::builder()
-                .url(&server.url())?
-                .key_prefix(prefix);
+            let mut cfg = RedisConfig::from_url(&server.url())?.key_prefix(prefix);
             if let fx::RedisServer::Shared(_) = server.as_ref() {
                 // Leave nothing behind on a shared server for long.
                 cfg = cfg.fence_retention(Duration::from_secs(600));
             }
-            let cfg = cfg.build()?;
             RedisBackend::connect(cfg).await
         }
     })

@@ -48,12 +48,10 @@ fn start() -> Result<fx::TlsRedis, String> {
 }
 
 fn config(server: &fx::TlsRedis, user: &str, pw: &str) -> Result<RedisConfig, Error> {
-    RedisConfig::builder()
-        .url(&server.redis.url())?
+    Ok(RedisConfig::from_url(&server.redis.url())?
         .username(user)
         .password(pw)
-        .tls_ca_cert_pem(server.tls.ca_pem.clone())
-        .build()
+        .tls_ca_cert_pem(server.tls.ca_pem.clone()))
 }
 
 fn tls_store() -> moltlock_conformance::Factory {
@@ -90,13 +88,11 @@ async fn wrong_password_is_auth_error() -> Result<(), Box<dyn std::error::Error>
 #[tokio::test]
 async fn keys_outside_the_acl_are_auth_errors() -> Result<(), Box<dyn std::error::Error>> {
     let server = start()?;
-    let cfg = RedisConfig::builder()
-        .url(&server.redis.url())?
+    let cfg = RedisConfig::from_url(&server.redis.url())?
         .username("locker")
         .password("locker-pw")
         .key_prefix("elsewhere:")
-        .tls_ca_cert_pem(server.tls.ca_pem.clone())
-        .build()?;
+        .tls_ca_cert_pem(server.tls.ca_pem.clone());
     let backend = RedisBackend::connect(cfg).await?;
     let err = backend
         .cas(
@@ -116,12 +112,10 @@ async fn keys_outside_the_acl_are_auth_errors() -> Result<(), Box<dyn std::error
 async fn untrusted_certificate_is_refused() -> Result<(), Box<dyn std::error::Error>> {
     let server = start()?;
     let other = moltlock_fixtures::certs::make()?;
-    let cfg = RedisConfig::builder()
-        .url(&server.redis.url())?
+    let cfg = RedisConfig::from_url(&server.redis.url())?
         .username("locker")
         .password("locker-pw")
-        .tls_ca_cert_pem(other.ca_pem.clone())
-        .build()?;
+        .tls_ca_cert_pem(other.ca_pem.clone());
     let err = RedisBackend::connect(cfg).await.err();
     assert!(err.is_some(), "trusted a certificate from an unknown CA");
     Ok(())

@@ -13,11 +13,9 @@ use tokio::time::Instant;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_waiters_wake_on_release() -> Result<(), Box<dyn std::error::Error>> {
     let server = fx::redis()?;
-    let cfg = RedisConfig::builder()
-        .url(&server.url())?
+    let cfg = RedisConfig::from_url(&server.url())?
         .key_prefix(fx::unique_prefix())
-        .fence_retention(Duration::from_secs(600))
-        .build()?;
+        .fence_retention(Duration::from_secs(600));
     let backend = RedisBackend::connect(cfg).await?;
     let manager = LockManager::builder(backend)
         .ttl(Duration::from_secs(10))

@@ -49,7 +49,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use moltlock_core::{
-    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, RenewItem, Token,
+    Backend, CasOutcome, Describe, Error, Fence, Held, HolderInfo, Inspect, LockKey, RaiseFence,
+    RenewItem, RenewMany, Token,
 };
 use sqlx::mysql::{MySqlPool, MySqlRow};
 use sqlx::MySql;
@@ -454,60 +455,25 @@ impl Backend for MySqlBackend {
         NAME
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new()
-            .with_inspect()
-            .with_batch_renew()
-            .with_raise_fence()
-            .with_describe()
+    fn inspector(&self) -> Option<&dyn Inspect> {
+        Some(self)
     }
 
-    /// MySQL counts rows changed, not matched: a description equal to the
-    /// stored one changes nothing, so a read tells whether `owner` holds.
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
-        let done = sqlx::query(&self.sql.describe)
-            .bind(description)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        if done.rows_affected() > 0 {
-            return Ok(true);
-        }
-        let held = self.read(key).await.map_err(|e| map(NAME, e))?;
-        Ok(held.is_some_and(|h| &h.holder == owner))
+    fn renewer(&self) -> Option<&dyn RenewMany> {
+        Some(self)
     }
 
-    /// Records `floor` for the key; every later acquisition or transfer of
-    /// it takes a fence above the highest floor recorded.
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
-        check_key(key)?;
-        sqlx::query(&self.sql.raise)
-            .bind(key.as_str())
-            .bind(floor.get())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        Ok(())
+    fn describer(&self) -> Option<&dyn Describe> {
+        Some(self)
     }
 
-    /// One `UPDATE` and one read per 500 holds of a TTL.
-    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
-        let mut out = vec![false; items.len()];
-        for (ttl, idx) in ttl_chunks(items, RENEW_CHUNK) {
-            self.renew_chunk(ttl, items, &idx, &mut out)
-                .await
-                .map_err(|e| map(NAME, e))?;
-        }
-        Ok(out)
+    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
+        Some(self)
     }
+}
 
+#[async_trait]
+impl Inspect for MySqlBackend {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         check_key(key)?;
         self.read(key).await.map_err(|e| map(NAME, e))
@@ -530,5 +496,60 @@ impl Backend for MySqlBackend {
             .into_iter()
             .filter(|i| i.key.starts_with(prefix))
             .collect())
+    }
+}
+
+#[async_trait]
+impl RenewMany for MySqlBackend {
+    /// One `UPDATE` and one read per 500 holds of a TTL.
+    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        let mut out = vec![false; items.len()];
+        for (ttl, idx) in ttl_chunks(items, RENEW_CHUNK) {
+            self.renew_chunk(ttl, items, &idx, &mut out)
+                .await
+                .map_err(|e| map(NAME, e))?;
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl Describe for MySqlBackend {
+    /// MySQL counts rows changed, not matched: a description equal to the
+    /// stored one changes nothing, so a read tells whether `owner` holds.
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        let done = sqlx::query(&self.sql.describe)
+            .bind(description)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        if done.rows_affected() > 0 {
+            return Ok(true);
+        }
+        let held = self.read(key).await.map_err(|e| map(NAME, e))?;
+        Ok(held.is_some_and(|h| &h.holder == owner))
+    }
+}
+
+#[async_trait]
+impl RaiseFence for MySqlBackend {
+    /// Records `floor` for the key; every later acquisition or transfer of
+    /// it takes a fence above the highest floor recorded.
+    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+        check_key(key)?;
+        sqlx::query(&self.sql.raise)
+            .bind(key.as_str())
+            .bind(floor.get())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(())
     }
 }

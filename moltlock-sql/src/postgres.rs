@@ -61,8 +61,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use moltlock_core::{
-    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, KeyEvents, LockKey,
-    ReleaseWatch, RenewItem, StoreClock, Token,
+    Backend, CasOutcome, Describe, Error, Fence, Held, HolderInfo, Inspect, KeyEvents, Limits,
+    LockKey, RaiseFence, ReleaseWatch, RenewItem, RenewMany, StoreClock, Token, Watch,
 };
 use sqlx::postgres::{PgListener, PgPool};
 use sqlx::Postgres;
@@ -570,58 +570,48 @@ impl Backend for PostgresBackend {
         NAME
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new()
-            .with_notifications()
-            .with_inspect()
-            .with_batch_renew()
-            .with_raise_fence()
-            .with_describe()
-            .with_min_ttl(Duration::from_millis(10))
+    fn limits(&self) -> Limits {
+        Limits::new().with_min_ttl(Duration::from_millis(10))
     }
 
     fn store_clock(&self) -> Option<&StoreClock> {
         self.inner.observed.is_none().then_some(&self.inner.clock)
     }
 
-    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
+    fn watcher(&self) -> Option<&dyn Watch> {
+        Some(self)
+    }
+
+    fn inspector(&self) -> Option<&dyn Inspect> {
+        Some(self)
+    }
+
+    fn renewer(&self) -> Option<&dyn RenewMany> {
+        Some(self)
+    }
+
+    fn describer(&self) -> Option<&dyn Describe> {
+        Some(self)
+    }
+
+    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Watch for PostgresBackend {
+    async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error> {
         self.inner
             .listener
             .get_or_try_init(|| self.start_listener())
             .await?;
-        Ok(Some(self.inner.events.subscribe(key.as_str())))
+        Ok(self.inner.events.subscribe(key.as_str()))
     }
+}
 
-    /// Raises the key's last fence (and the sequence) to at least `floor`;
-    /// never lowers either, so every later fence of the key exceeds both.
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
-        let floor = i64::try_from(floor.get())
-            .map_err(|_| Error::Config(format!("fence floor {floor} exceeds bigint")))?;
-        sqlx::query(&self.inner.sql.raise)
-            .bind(key.as_str())
-            .bind(floor)
-            .execute(&self.inner.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        Ok(())
-    }
-
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
-        let done = sqlx::query(&self.inner.sql.describe)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .bind(description)
-            .execute(&self.inner.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        Ok(done.rows_affected() > 0)
-    }
-
+#[async_trait]
+impl Inspect for PostgresBackend {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         let row = sqlx::query(&self.inner.sql.inspect)
             .bind(key.as_str())
@@ -644,7 +634,10 @@ impl Backend for PostgresBackend {
             .collect::<Result<_, _>>()
             .map_err(|e| map(NAME, e))
     }
+}
 
+#[async_trait]
+impl RenewMany for PostgresBackend {
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
         let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
         let owners: Vec<&str> = items.iter().map(|i| i.token.as_str()).collect();
@@ -670,5 +663,41 @@ impl Backend for PostgresBackend {
             .iter()
             .map(|i| renewed.contains(&(i.key.as_str().to_owned(), i.token.as_str().to_owned())))
             .collect())
+    }
+}
+
+#[async_trait]
+impl Describe for PostgresBackend {
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        let done = sqlx::query(&self.inner.sql.describe)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .bind(description)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(done.rows_affected() > 0)
+    }
+}
+
+#[async_trait]
+impl RaiseFence for PostgresBackend {
+    /// Raises the key's last fence (and the sequence) to at least `floor`;
+    /// never lowers either, so every later fence of the key exceeds both.
+    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+        let floor = i64::try_from(floor.get())
+            .map_err(|_| Error::Config(format!("fence floor {floor} exceeds bigint")))?;
+        sqlx::query(&self.inner.sql.raise)
+            .bind(key.as_str())
+            .bind(floor)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(())
     }
 }

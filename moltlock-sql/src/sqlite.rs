@@ -29,8 +29,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use moltlock_core::{
-    Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, LockKey, RenewItem,
-    StoreClock, Token,
+    Backend, CasOutcome, Describe, Error, Fence, Held, HolderInfo, Inspect, Limits, LockKey,
+    RaiseFence, RenewItem, RenewMany, StoreClock, Token,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqliteSynchronous};
 use sqlx::{Row, Sqlite};
@@ -474,33 +474,36 @@ impl Backend for SqliteBackend {
         NAME
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new()
-            .with_inspect()
-            .with_batch_renew()
-            .with_raise_fence()
-            .with_describe()
+    fn limits(&self) -> Limits {
+        Limits::new()
             // A statement queued behind another writer lands up to the busy
             // timeout after its future was dropped.
             .with_late_write(BUSY_TIMEOUT + Duration::from_secs(1))
     }
 
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
-        let done = sqlx::query(&self.sql.describe)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .bind(description)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        Ok(done.rows_affected() > 0)
+    fn store_clock(&self) -> Option<&StoreClock> {
+        self.observed.is_none().then_some(self.clock.as_ref())
     }
 
+    fn inspector(&self) -> Option<&dyn Inspect> {
+        Some(self)
+    }
+
+    fn renewer(&self) -> Option<&dyn RenewMany> {
+        Some(self)
+    }
+
+    fn describer(&self) -> Option<&dyn Describe> {
+        Some(self)
+    }
+
+    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Inspect for SqliteBackend {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         let row = sqlx::query(&self.sql.inspect)
             .bind(key.as_str())
@@ -523,19 +526,10 @@ impl Backend for SqliteBackend {
             .collect::<Result<_, _>>()
             .map_err(|e| map(NAME, e))
     }
+}
 
-    /// Lifts the one counter all keys draw fences from.
-    async fn raise_fence(&self, _key: &LockKey, floor: Fence) -> Result<(), Error> {
-        let floor = i64::try_from(floor.get())
-            .map_err(|_| Error::Config(format!("fence floor {floor} exceeds SQLite's integers")))?;
-        sqlx::query(&self.sql.raise)
-            .bind(floor)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        Ok(())
-    }
-
+#[async_trait]
+impl RenewMany for SqliteBackend {
     /// All renewals in one `BEGIN IMMEDIATE` transaction (one fsync), one
     /// statement per 8,000 holds of a TTL.
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
@@ -547,8 +541,38 @@ impl Backend for SqliteBackend {
         }
         Ok(renewed)
     }
+}
 
-    fn store_clock(&self) -> Option<&StoreClock> {
-        self.observed.is_none().then_some(self.clock.as_ref())
+#[async_trait]
+impl Describe for SqliteBackend {
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        let done = sqlx::query(&self.sql.describe)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .bind(description)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(done.rows_affected() > 0)
+    }
+}
+
+#[async_trait]
+impl RaiseFence for SqliteBackend {
+    /// Lifts the one counter all keys draw fences from.
+    async fn raise_fence(&self, _key: &LockKey, floor: Fence) -> Result<(), Error> {
+        let floor = i64::try_from(floor.get())
+            .map_err(|_| Error::Config(format!("fence floor {floor} exceeds SQLite's integers")))?;
+        sqlx::query(&self.sql.raise)
+            .bind(floor)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map(NAME, e))?;
+        Ok(())
     }
 }

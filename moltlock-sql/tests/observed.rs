@@ -72,9 +72,9 @@ async fn dead_holder_is_taken_after_a_full_ttl(holder: Arc<dyn Backend>, waiter:
 /// key at once.
 async fn live_holder_is_never_taken(holder: Arc<dyn Backend>, waiter: Arc<dyn Backend>) {
     let key = format!("observed/live/{}", Token::random());
-    let held = LockManager::builder_arc(holder).ttl(TTL).build().unwrap();
+    let held = LockManager::builder(holder).ttl(TTL).build().unwrap();
     let guard = held.lock(&key).await.unwrap();
-    let other = LockManager::builder_arc(waiter).ttl(TTL).build().unwrap();
+    let other = LockManager::builder(waiter).ttl(TTL).build().unwrap();
     let res = other.lock_timeout(&key, TTL * 3).await;
     assert!(matches!(res, Err(Error::Timeout { .. })), "{res:?}");
     assert!(guard.is_held());
@@ -127,12 +127,12 @@ async fn sqlite_observed_expiry() {
 async fn modes_see_each_others_holds(plain: Arc<dyn Backend>, observed: Arc<dyn Backend>) {
     for (holder, other) in [(&plain, &observed), (&observed, &plain)] {
         let key = format!("observed/mixed/{}", Token::random());
-        let held = LockManager::builder_arc(holder.clone())
+        let held = LockManager::builder(holder.clone())
             .ttl(TTL)
             .build()
             .unwrap();
         let guard = held.lock(&key).await.unwrap();
-        let rival = LockManager::builder_arc(other.clone())
+        let rival = LockManager::builder(other.clone())
             .ttl(TTL)
             .build()
             .unwrap();

@@ -1,6 +1,7 @@
 //! Postgres: the conformance suite on the shared server (or one the fixture
 //! starts), and the checks particular to Postgres on servers of our own.
 
+use moltlock_core::BackendExt;
 use std::time::Duration;
 
 use moltlock_core::{Backend, Error, LockManager, Token};

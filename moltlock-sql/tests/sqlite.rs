@@ -1,6 +1,8 @@
 //! SQLite: the conformance suite on a temporary database file, and the
 //! checks particular to the embedded store.
 
+use moltlock_core::BackendExt;
+
 use moltlock_core::{Backend, Error, LockManager};
 use moltlock_sql::{SqlConfig, SqliteBackend};
 
@@ -11,7 +13,7 @@ fn sqlite() -> moltlock_conformance::Factory {
     })
 }
 
-moltlock_conformance::conformance_tests!(sqlite(), without: [notifies_release, fair_queue]);
+moltlock_conformance::conformance_tests!(sqlite(), without: [watch, fair_queue]);
 
 #[tokio::test]
 async fn table_names_are_validated() {
@@ -49,14 +51,18 @@ async fn unopenable_file_is_a_clear_error() {
 }
 
 #[tokio::test]
-async fn names_itself_and_declares_capabilities() {
+async fn names_itself_and_hands_out_its_extensions() {
     let dir = tempfile::tempdir().unwrap();
     let b = SqliteBackend::connect(&dir.path().join("c.db").display().to_string())
         .await
         .unwrap();
     assert_eq!(b.name(), "sqlite");
-    let caps = b.capabilities();
-    assert!(caps.inspect && caps.batch_renew && !caps.notifies_release);
+    let extensions = moltlock_core::extension::extensions(&b);
+    assert_eq!(
+        extensions,
+        ["inspect", "renew_many", "describe", "raise_fence"],
+        "SQLite has no release notifications and no fair queue"
+    );
 }
 
 /// One batch past a statement's 8,000 holds, with two TTLs, a foreign token

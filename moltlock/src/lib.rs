@@ -199,7 +199,7 @@ fn check_authority(store: Store, url: &str) -> Result<(), Error> {
 /// # Errors
 /// As [`connect`].
 pub async fn manager(url: &str) -> Result<LockManager, Error> {
-    Ok(LockManager::from_arc(connect(url).await?))
+    Ok(LockManager::new(connect(url).await?))
 }
 
 async fn open_migration(url: &str) -> Result<Arc<dyn Backend>, Error> {

@@ -2,12 +2,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // helpers shared by the tests below unwrap like the tests do
 //! whose feature is off gives an error naming that feature.
 
+use moltlock::BackendExt;
 use moltlock::{connect, Error, Store};
 
 async fn lock_once(url: &str, expect: &str) {
     let backend = connect(url).await.unwrap_or_else(|e| panic!("{url}: {e}"));
     assert_eq!(backend.name(), expect);
-    let manager = moltlock::LockManager::from_arc(backend);
+    let manager = moltlock::LockManager::new(backend);
     let key = format!("facade/{}", moltlock::Token::random());
     let guard = manager.lock(&key).await.unwrap();
     assert!(manager.try_lock(&key).await.unwrap().is_none());
@@ -90,7 +91,7 @@ async fn stores_not_compiled_in_name_their_feature() {
 
 /// A migration from SQLite to MySQL walks old → both → new on one key, and
 /// each phase's fence exceeds every earlier one: MySQL raises its fence
-/// floor like every other built-in store.
+/// minimum like every other built-in store.
 #[cfg(feature = "mysql")]
 #[tokio::test]
 async fn migration_into_mysql_keeps_fences_rising() {
@@ -100,18 +101,18 @@ async fn migration_into_mysql_keeps_fences_rising() {
     let key = format!("facade-migrate/{}", moltlock::Token::random());
     let mut last = moltlock::Fence(0);
     // Lift SQLite's fences far above MySQL's (microseconds of server time),
-    // so MySQL can only follow by honouring the floor `both` raises on it.
+    // so MySQL can only follow by honouring the minimum `both` raises on it.
     for (i, phase) in ["old", "both", "both", "new", "both", "old"]
         .iter()
         .enumerate()
     {
         let url = format!("migrate+{phase}:{sqlite}|{mysql}");
-        let manager = moltlock::LockManager::from_arc(connect(&url).await.unwrap());
+        let manager = moltlock::LockManager::new(connect(&url).await.unwrap());
         let guard = manager.lock(&key).await.unwrap();
         if i == 0 {
             let backend = connect(&sqlite).await.unwrap();
-            let floor = moltlock::Fence(u64::MAX / 4);
-            backend.raise_fence(guard.key(), floor).await.unwrap();
+            let minimum = moltlock::Fence(u64::MAX / 4);
+            backend.raise_fence(guard.key(), minimum).await.unwrap();
         }
         assert!(
             guard.fence() > last,

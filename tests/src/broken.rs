@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use moltlock_core::{
-    async_trait, Backend, Capabilities, CasOutcome, Error, Fence, Held, HolderInfo, KeyEvents,
-    LockKey, ReleaseWatch, RenewItem, Token,
+    async_trait, Backend, CasOutcome, Describe, Error, FairQueue, Fence, Held, HolderInfo, Inspect,
+    KeyEvents, LockKey, RaiseFence, ReleaseWatch, RenewItem, RenewMany, Token, Watch,
 };
 use tokio::time::Instant;
 
@@ -90,7 +90,7 @@ pub enum Flaw {
     FairKeepsDroppedPlace,
     /// Fair acquisitions draw fences from a counter of their own.
     FairFenceSeparate,
-    /// `raise_fence` sets the fence counter to the floor (can lower it).
+    /// `raise_fence` sets the fence counter to the minimum (can lower it).
     RaiseFenceSets,
     /// Tokens are compared by their first 8 characters.
     TokenPrefixCompare,
@@ -656,59 +656,55 @@ impl Backend for Flawed {
         "flawed"
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new()
-            .with_notifications()
-            .with_inspect()
-            .with_batch_renew()
-            .with_fair_queue()
-            .with_raise_fence()
-            .with_describe()
+    fn watcher(&self) -> Option<&dyn Watch> {
+        Some(self)
     }
 
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
-        let now = Instant::now();
-        let nk = self.norm(key.as_str());
-        let mut st = self.store();
-        let ignore_owner = self.has(Flaw::DescribeIgnoresOwner);
-        let ours = st
-            .entries
-            .get(&nk)
-            .is_some_and(|e| self.alive(e, now) && (ignore_owner || self.same(&e.holder, owner)));
-        if !ours {
-            return Ok(false);
-        }
-        if let Some(e) = st.entries.get_mut(&nk) {
-            e.description = Some(description.to_owned());
-        }
-        st.descriptions.insert(nk, description.to_owned());
-        Ok(true)
+    fn inspector(&self) -> Option<&dyn Inspect> {
+        Some(self)
     }
 
-    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
+    fn renewer(&self) -> Option<&dyn RenewMany> {
+        Some(self)
+    }
+
+    fn describer(&self) -> Option<&dyn Describe> {
+        Some(self)
+    }
+
+    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
+        Some(self)
+    }
+
+    fn fair_queue(&self) -> Option<&dyn FairQueue> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Watch for Flawed {
+    async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error> {
         let nk = self.norm(key.as_str());
         if self.has(Flaw::WatchSubscribesLazily) {
-            return Ok(Some(Box::new(LazyWatch {
+            return Ok(Box::new(LazyWatch {
                 events: self.events.clone(),
                 key: nk,
                 inner: None,
-            })));
+            }));
         }
         let w = self.events.subscribe(&nk);
         if self.has(Flaw::WatchFiresOnce) {
-            return Ok(Some(Box::new(OnceWatch {
+            return Ok(Box::new(OnceWatch {
                 inner: w,
                 fired: false,
-            })));
+            }));
         }
-        Ok(Some(w))
+        Ok(w)
     }
+}
 
+#[async_trait]
+impl Inspect for Flawed {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         let now = Instant::now();
         let st = self.store();
@@ -738,7 +734,10 @@ impl Backend for Flawed {
         out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)
     }
+}
 
+#[async_trait]
+impl RenewMany for Flawed {
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
         let first_ttl = items.first().map(|i| i.ttl);
         let mut out = Vec::with_capacity(items.len());
@@ -775,17 +774,50 @@ impl Backend for Flawed {
         }
         Ok(out)
     }
+}
 
-    async fn raise_fence(&self, _key: &LockKey, floor: Fence) -> Result<(), Error> {
+#[async_trait]
+impl Describe for Flawed {
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        let now = Instant::now();
+        let nk = self.norm(key.as_str());
+        let mut st = self.store();
+        let ignore_owner = self.has(Flaw::DescribeIgnoresOwner);
+        let ours = st
+            .entries
+            .get(&nk)
+            .is_some_and(|e| self.alive(e, now) && (ignore_owner || self.same(&e.holder, owner)));
+        if !ours {
+            return Ok(false);
+        }
+        if let Some(e) = st.entries.get_mut(&nk) {
+            e.description = Some(description.to_owned());
+        }
+        st.descriptions.insert(nk, description.to_owned());
+        Ok(true)
+    }
+}
+
+#[async_trait]
+impl RaiseFence for Flawed {
+    async fn raise_fence(&self, _key: &LockKey, minimum: Fence) -> Result<(), Error> {
         let mut st = self.store();
         st.fence = if self.has(Flaw::RaiseFenceSets) {
-            floor.get()
+            minimum.get()
         } else {
-            st.fence.max(floor.get())
+            st.fence.max(minimum.get())
         };
         Ok(())
     }
+}
 
+#[async_trait]
+impl FairQueue for Flawed {
     async fn fair_acquire(
         &self,
         key: &LockKey,

@@ -21,19 +21,19 @@
 //! play independent clients (a second handle deletes a key behind a holder's
 //! back, a fresh handle proves fences survive a new client). Each case uses
 //! keys under its own random prefix, so cases run in parallel on one store.
-//! Capabilities a backend declares select the optional cases; a case whose
+//! The extensions a backend hands out select the optional cases; a case whose
 //! capability is missing reports [`Outcome::Skipped`].
 //!
 //! # Skipped cases show as `ignored`
 //!
 //! libtest decides whether a test is ignored when the test is compiled, and a
-//! backend's [`Capabilities`](moltlock_core::Capabilities) are only known
-//! once it runs. So the backend says at stamping time which optional
+//! backend's extensions ([`Backend::watcher`], …) are only known once it
+//! runs. So the backend says at stamping time which optional
 //! capabilities it lacks, and the macro stamps those cases
 //! `#[ignore = "…"]`:
 //!
 //! ```text
-//! moltlock_conformance::conformance_tests!(store(), without: [fair_queue, notifies_release]);
+//! moltlock_conformance::conformance_tests!(store(), without: [fair_queue, watch]);
 //! ```
 //!
 //! `cargo test` then prints `test fair_queue_serves_in_arrival_order ... ignored,
@@ -44,7 +44,7 @@
 //! but not listed fails (it does not pass as `ok`). These are capability
 //! skips, not a way to silence a failing case: a listed capability's cases
 //! can only be skipped because the backend itself says it lacks them. The
-//! names are [`Need`]'s: `notifies_release`, `inspect`, `fair_queue`,
+//! names are [`Need`]'s: `watch`, `inspect`, `fair_queue`,
 //! `raise_fence`, `describe`.
 //!
 //! # Timing
@@ -66,7 +66,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use moltlock_core::{Backend, Capabilities, Error};
+use moltlock_core::{Backend, Error};
 
 pub use support::{Delay, Duplicating, FencedResource, OverlapDetector, Partition, StallMonitor};
 
@@ -140,22 +140,22 @@ pub type CaseResult = Result<Outcome, String>;
 /// An optional capability a case needs; a backend without it skips the case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Need {
-    /// Release notifications ([`Capabilities::notifies_release`]).
-    Notifications,
-    /// `inspect` and `list` ([`Capabilities::inspect`]).
+    /// Release notifications ([`Backend::watcher`]).
+    Watch,
+    /// `inspect` and `list` ([`Backend::inspector`]).
     Inspect,
-    /// The fair queue ([`Capabilities::fair_queue`]).
+    /// The fair queue ([`Backend::fair_queue`]).
     FairQueue,
-    /// Raising fences ([`Capabilities::raise_fence`]).
+    /// Raising fences ([`Backend::fence_raiser`]).
     RaiseFence,
-    /// Holder descriptions ([`Capabilities::describe`]).
+    /// Holder descriptions ([`Backend::describer`]).
     Describe,
 }
 
 impl Need {
     /// Every optional capability.
     pub const ALL: [Need; 5] = [
-        Need::Notifications,
+        Need::Watch,
         Need::Inspect,
         Need::FairQueue,
         Need::RaiseFence,
@@ -163,10 +163,10 @@ impl Need {
     ];
 
     /// The name used in `conformance_tests!(…, without: [...])`, which is
-    /// also the field of [`Capabilities`].
+    /// also the extension's name in [`moltlock_core::extension::extensions`].
     pub fn name(self) -> &'static str {
         match self {
-            Need::Notifications => "notifies_release",
+            Need::Watch => "watch",
             Need::Inspect => "inspect",
             Need::FairQueue => "fair_queue",
             Need::RaiseFence => "raise_fence",
@@ -174,21 +174,21 @@ impl Need {
         }
     }
 
-    /// Whether `caps` declares this capability.
-    pub fn declared(self, caps: &Capabilities) -> bool {
+    /// Whether `backend` hands out this extension.
+    pub fn declared(self, backend: &dyn Backend) -> bool {
         match self {
-            Need::Notifications => caps.notifies_release,
-            Need::Inspect => caps.inspect,
-            Need::FairQueue => caps.fair_queue,
-            Need::RaiseFence => caps.raise_fence,
-            Need::Describe => caps.describe,
+            Need::Watch => backend.watcher().is_some(),
+            Need::Inspect => backend.inspector().is_some(),
+            Need::FairQueue => backend.fair_queue().is_some(),
+            Need::RaiseFence => backend.fence_raiser().is_some(),
+            Need::Describe => backend.describer().is_some(),
         }
     }
 
     /// Why a case that needs this is skipped.
     pub fn missing(self) -> &'static str {
         match self {
-            Need::Notifications => "the backend declares no release notifications",
+            Need::Watch => "the backend declares no release notifications",
             Need::Inspect => "the backend declares no inspect/list",
             Need::FairQueue => "the backend declares no fair queue",
             Need::RaiseFence => "the backend declares no raise_fence",
@@ -235,7 +235,7 @@ pub const INCONCLUSIVE: &str = "inconclusive: scheduler stall";
 pub async fn run_case(case: &Case, factory: Factory) -> CaseResult {
     if let Some(need) = case.needs {
         let b = factory.open().await?;
-        if !need.declared(&b.capabilities()) {
+        if !need.declared(&*b) {
             return Ok(Outcome::Skipped(need.missing().to_owned()));
         }
     }
@@ -343,17 +343,16 @@ pub async fn assert_case_or_skip(case: &Case, factory: Factory) {
 /// A message naming each capability the list and the backend disagree on.
 pub async fn check_stamping(factory: Factory, without: &[&str]) -> Result<(), String> {
     let b = factory.open().await?;
-    let caps = b.capabilities();
     let mut wrong = Vec::new();
     for need in Need::ALL {
         let listed = without.contains(&need.name());
-        if listed && need.declared(&caps) {
+        if listed && need.declared(&*b) {
             wrong.push(format!(
                 "the backend declares {} but the suite was stamped without it, so its cases never run",
                 need.name()
             ));
         }
-        if !listed && !need.declared(&caps) {
+        if !listed && !need.declared(&*b) {
             wrong.push(format!(
                 "{}: add {} to the `without:` list so its cases show as ignored",
                 need.missing(),
@@ -375,11 +374,12 @@ pub async fn check_stamping(factory: Factory, without: &[&str]) -> Result<(), St
 /// `conformance_tests!(factory)` is for a backend with every optional
 /// capability; `conformance_tests!(factory, without: [fair_queue, ...])`
 /// names those it lacks, whose cases are stamped `#[ignore]` (see the crate
-/// docs). Besides the cases it stamps `conformance_macro_stamps_every_case`
-/// and `conformance_capabilities_match_stamping`.
+/// docs). The case names come from the suite's one list of cases, so a
+/// new case is stamped everywhere at once. Besides the cases it stamps
+/// `conformance_capabilities_match_stamping`.
 #[macro_export]
 macro_rules! conformance_tests {
-    (@known notifies_release) => {};
+    (@known watch) => {};
     (@known inspect) => {};
     (@known fair_queue) => {};
     (@known raise_fence) => {};
@@ -387,11 +387,11 @@ macro_rules! conformance_tests {
     (@known $other:ident) => {
         compile_error!(concat!(
             "conformance_tests!: unknown capability `", stringify!($other),
-            "`; the optional ones are notifies_release, inspect, fair_queue, raise_fence and describe"
+            "`; the optional ones are watch, inspect, fair_queue, raise_fence and describe"
         ));
     };
-    (@gate $f:expr; notifies_release; [$($w:ident)*]; $names:tt) => {
-        $crate::conformance_tests!(@find notifies_release; [$($w)*];
+    (@gate $f:expr; watch; [$($w:ident)*]; $names:tt) => {
+        $crate::conformance_tests!(@find watch; [$($w)*];
             { @ignored $f; "the backend declares no release notifications"; $names };
             { @run $f; $names });
     };
@@ -415,7 +415,7 @@ macro_rules! conformance_tests {
             { @ignored $f; "the backend declares no holder descriptions"; $names };
             { @run $f; $names });
     };
-    (@find notifies_release; [notifies_release $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
+    (@find watch; [watch $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
         $crate::conformance_tests!($($yes)*);
     };
     (@find inspect; [inspect $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
@@ -461,110 +461,24 @@ macro_rules! conformance_tests {
             }
         )*
     };
+    (@stamp $f:expr; $caps:tt;
+        always: [$($a:ident: $ap:literal,)*],
+        watch: [$($w:ident: $wp:literal,)*],
+        inspect: [$($i:ident: $ip:literal,)*],
+        fair_queue: [$($q:ident: $qp:literal,)*],
+        raise_fence: [$($r:ident: $rp:literal,)*],
+        describe: [$($d:ident: $dp:literal,)*],
+    ) => {
+        $crate::conformance_tests!(@run $f; [$($a),*]);
+        $crate::conformance_tests!(@gate $f; watch; $caps; [$($w),*]);
+        $crate::conformance_tests!(@gate $f; inspect; $caps; [$($i),*]);
+        $crate::conformance_tests!(@gate $f; fair_queue; $caps; [$($q),*]);
+        $crate::conformance_tests!(@gate $f; raise_fence; $caps; [$($r),*]);
+        $crate::conformance_tests!(@gate $f; describe; $caps; [$($d),*]);
+    };
     ($factory:expr, without: [$($cap:ident),* $(,)?] $(,)?) => {
         $( $crate::conformance_tests!(@known $cap); )*
-        $crate::conformance_tests!(@run $factory; [
-            acquire_and_release,
-            try_lock_on_held_key_returns_none,
-            distinct_keys_do_not_conflict,
-            mutual_exclusion_under_contention,
-            mutual_exclusion_across_clients,
-            expired_key_race_has_one_winner,
-            release_with_foreign_token_changes_nothing,
-            renew_with_foreign_token_changes_nothing,
-            cas_with_wrong_expected_changes_nothing,
-            double_release_reports_not_held,
-            delete_of_expired_hold_reports_false,
-            hand_over_gives_a_fresh_fence,
-            tokens_are_compared_exactly,
-            keys_are_distinct_exactly,
-            held_reply_names_the_real_holder,
-            key_expires_after_ttl,
-            fractional_ttls_are_honoured,
-            shared_lease_reports_earliest_expiry,
-            waiter_acquires_after_holder_stops_renewing,
-            renewal_keeps_lock_past_several_ttls,
-            renewal_after_expiry_is_refused,
-            renewal_sets_expiry_from_now,
-            batch_renewal_keeps_many_locks,
-            renew_many_answers_per_item,
-            renew_many_uses_each_items_ttl,
-            fences_increase_across_release,
-            fences_increase_across_expiry,
-            fences_increase_across_clients,
-            fences_rise_across_long_lived_clients,
-            fences_rise_under_contention,
-            fenced_resource_refuses_stale_holder,
-            lost_fires_when_key_deleted_behind_holder,
-            lost_fires_before_store_expiry_when_cut_off,
-            lost_callback_is_called,
-            duplicate_delivery_does_not_wait_on_itself,
-            dropped_waiter_leaves_no_hold,
-            cancelled_acquires_leave_no_orphan,
-            dropped_guard_releases_key,
-            longest_allowed_key_and_unicode_work
-        ]);
-        $crate::conformance_tests!(@gate $factory; notifies_release; [$($cap)*]; [
-            release_wakes_waiter_quickly,
-            watch_subscribes_before_it_returns,
-            watch_fires_for_every_release
-        ]);
-        $crate::conformance_tests!(@gate $factory; inspect; [$($cap)*]; [
-            inspect_reports_holder,
-            inspect_and_list_are_exact,
-            inspect_hides_expired_holds
-        ]);
-        $crate::conformance_tests!(@gate $factory; fair_queue; [$($cap)*]; [
-            fair_queue_serves_in_arrival_order,
-            fair_newcomer_does_not_barge,
-            fair_dropped_waiter_leaves_the_queue,
-            fences_rise_across_fair_and_plain
-        ]);
-        $crate::conformance_tests!(@gate $factory; raise_fence; [$($cap)*]; [
-            raise_fence_lifts_later_fences,
-            raise_fence_is_a_max
-        ]);
-        $crate::conformance_tests!(@gate $factory; describe; [$($cap)*]; [
-            descriptions_belong_to_their_hold
-        ]);
-
-        #[test]
-        fn conformance_macro_stamps_every_case() {
-            let mut stamped = vec![
-                "acquire_and_release", "try_lock_on_held_key_returns_none",
-                "distinct_keys_do_not_conflict", "mutual_exclusion_under_contention",
-                "mutual_exclusion_across_clients", "expired_key_race_has_one_winner",
-                "release_with_foreign_token_changes_nothing",
-                "renew_with_foreign_token_changes_nothing",
-                "cas_with_wrong_expected_changes_nothing", "double_release_reports_not_held",
-                "delete_of_expired_hold_reports_false", "hand_over_gives_a_fresh_fence",
-                "tokens_are_compared_exactly", "keys_are_distinct_exactly",
-                "held_reply_names_the_real_holder", "key_expires_after_ttl",
-                "fractional_ttls_are_honoured", "shared_lease_reports_earliest_expiry",
-                "waiter_acquires_after_holder_stops_renewing",
-                "renewal_keeps_lock_past_several_ttls", "renewal_after_expiry_is_refused",
-                "renewal_sets_expiry_from_now", "batch_renewal_keeps_many_locks",
-                "renew_many_answers_per_item", "renew_many_uses_each_items_ttl",
-                "fences_increase_across_release", "fences_increase_across_expiry",
-                "fences_increase_across_clients", "fences_rise_across_long_lived_clients",
-                "fences_rise_under_contention", "fenced_resource_refuses_stale_holder",
-                "lost_fires_when_key_deleted_behind_holder",
-                "lost_fires_before_store_expiry_when_cut_off", "lost_callback_is_called",
-                "duplicate_delivery_does_not_wait_on_itself", "dropped_waiter_leaves_no_hold",
-                "cancelled_acquires_leave_no_orphan", "dropped_guard_releases_key",
-                "longest_allowed_key_and_unicode_work", "release_wakes_waiter_quickly",
-                "watch_subscribes_before_it_returns", "watch_fires_for_every_release",
-                "inspect_reports_holder", "inspect_and_list_are_exact",
-                "inspect_hides_expired_holds", "fair_queue_serves_in_arrival_order",
-                "fair_newcomer_does_not_barge", "fair_dropped_waiter_leaves_the_queue",
-                "fences_rise_across_fair_and_plain", "raise_fence_lifts_later_fences",
-                "raise_fence_is_a_max", "descriptions_belong_to_their_hold",
-            ];
-            let mut all: Vec<&str> = $crate::cases::ALL.iter().map(|c| c.name).collect();
-            stamped.sort_unstable();
-            all.sort_unstable();
-            assert_eq!(stamped, all);
-        }
+        $crate::__cases!($crate::conformance_tests; @stamp $factory; [$($cap)*]);
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn conformance_capabilities_match_stamping() {

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use moltlock_core::{
-    async_trait, Backend, Capabilities, CasOutcome, Error, Fence, HolderInfo, LockKey,
-    ReleaseWatch, RenewItem, Token,
+    async_trait, Backend, BackendExt, CasOutcome, Describe, Error, FairQueue, Fence, Forward,
+    HolderInfo, Inspect, LockKey, RaiseFence, ReleaseWatch, RenewItem, RenewMany, Token, Watch,
 };
 use tokio::sync::Notify;
 
@@ -60,7 +60,13 @@ impl Partition {
 }
 
 #[async_trait]
-impl Backend for Partition {
+impl Forward for Partition {
+    type Inner = dyn Backend;
+
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+
     async fn cas(
         &self,
         key: &LockKey,
@@ -77,31 +83,41 @@ impl Backend for Partition {
         self.inner.delete(key, owner).await
     }
 
-    fn name(&self) -> &'static str {
-        self.inner.name()
+    fn watcher(&self) -> Option<&dyn Watch> {
+        self.inner.watcher().map(|_| self as _)
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+    fn inspector(&self) -> Option<&dyn Inspect> {
+        self.inner.inspector().map(|_| self as _)
     }
 
-    fn earliest_expiry(
-        &self,
-        ttl: Duration,
-        sent_at: tokio::time::Instant,
-    ) -> tokio::time::Instant {
-        self.inner.earliest_expiry(ttl, sent_at)
+    fn renewer(&self) -> Option<&dyn RenewMany> {
+        self.inner.renewer().map(|_| self as _)
     }
 
-    fn store_clock(&self) -> Option<&moltlock_core::StoreClock> {
-        self.inner.store_clock()
+    fn describer(&self) -> Option<&dyn Describe> {
+        self.inner.describer().map(|_| self as _)
     }
 
-    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
+    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
+        self.inner.fence_raiser().map(|_| self as _)
+    }
+
+    fn fair_queue(&self) -> Option<&dyn FairQueue> {
+        self.inner.fair_queue().map(|_| self as _)
+    }
+}
+
+#[async_trait]
+impl Watch for Partition {
+    async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error> {
         self.gate().await;
         self.inner.watch(key).await
     }
+}
 
+#[async_trait]
+impl Inspect for Partition {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         self.gate().await;
         self.inner.inspect(key).await
@@ -111,7 +127,10 @@ impl Backend for Partition {
         self.gate().await;
         self.inner.list(prefix).await
     }
+}
 
+#[async_trait]
+impl RenewMany for Partition {
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
         if let Ok(mut r) = self.renewals.lock() {
             r.push(items.len());
@@ -119,12 +138,18 @@ impl Backend for Partition {
         self.gate().await;
         self.inner.renew_many(items).await
     }
+}
 
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
+#[async_trait]
+impl RaiseFence for Partition {
+    async fn raise_fence(&self, key: &LockKey, minimum: Fence) -> Result<(), Error> {
         self.gate().await;
-        self.inner.raise_fence(key, floor).await
+        self.inner.raise_fence(key, minimum).await
     }
+}
 
+#[async_trait]
+impl Describe for Partition {
     async fn describe(
         &self,
         key: &LockKey,
@@ -134,7 +159,10 @@ impl Backend for Partition {
         self.gate().await;
         self.inner.describe(key, owner, description).await
     }
+}
 
+#[async_trait]
+impl FairQueue for Partition {
     async fn fair_acquire(
         &self,
         key: &LockKey,
@@ -264,8 +292,23 @@ impl Drop for DropProbe {
     }
 }
 
+impl Delay {
+    async fn around<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        tokio::time::sleep(self.before).await;
+        let out = call.await;
+        tokio::time::sleep(self.after).await;
+        out
+    }
+}
+
 #[async_trait]
-impl Backend for Delay {
+impl Forward for Delay {
+    type Inner = dyn Backend;
+
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+
     async fn cas(
         &self,
         key: &LockKey,
@@ -285,74 +328,34 @@ impl Backend for Delay {
     }
 
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        tokio::time::sleep(self.before).await;
-        let out = self.inner.delete(key, owner).await;
-        tokio::time::sleep(self.after).await;
-        out
+        self.around(self.inner.delete(key, owner)).await
     }
 
-    fn name(&self) -> &'static str {
-        self.inner.name()
+    fn renewer(&self) -> Option<&dyn RenewMany> {
+        self.inner.renewer().map(|_| self as _)
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+    fn fair_queue(&self) -> Option<&dyn FairQueue> {
+        self.inner.fair_queue().map(|_| self as _)
     }
+}
 
-    fn earliest_expiry(
-        &self,
-        ttl: Duration,
-        sent_at: tokio::time::Instant,
-    ) -> tokio::time::Instant {
-        self.inner.earliest_expiry(ttl, sent_at)
-    }
-
-    fn store_clock(&self) -> Option<&moltlock_core::StoreClock> {
-        self.inner.store_clock()
-    }
-
-    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
-        self.inner.watch(key).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        self.inner.inspect(key).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
-        self.inner.list(prefix).await
-    }
-
+#[async_trait]
+impl RenewMany for Delay {
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
-        tokio::time::sleep(self.before).await;
-        let out = self.inner.renew_many(items).await;
-        tokio::time::sleep(self.after).await;
-        out
+        self.around(self.inner.renew_many(items)).await
     }
+}
 
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
-        self.inner.raise_fence(key, floor).await
-    }
-
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
-        self.inner.describe(key, owner, description).await
-    }
-
+#[async_trait]
+impl FairQueue for Delay {
     async fn fair_acquire(
         &self,
         key: &LockKey,
         token: &Token,
         ttl: Duration,
     ) -> Result<Fence, Error> {
-        tokio::time::sleep(self.before).await;
-        let out = self.inner.fair_acquire(key, token, ttl).await;
-        tokio::time::sleep(self.after).await;
-        out
+        self.around(self.inner.fair_acquire(key, token, ttl)).await
     }
 }
 
@@ -384,7 +387,13 @@ impl Duplicating {
 }
 
 #[async_trait]
-impl Backend for Duplicating {
+impl Forward for Duplicating {
+    type Inner = dyn Backend;
+
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+
     async fn cas(
         &self,
         key: &LockKey,
@@ -401,68 +410,6 @@ impl Backend for Duplicating {
         }
         self.duplicated.fetch_add(1, Ordering::SeqCst);
         self.inner.cas(key, expected, new, ttl).await
-    }
-
-    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        self.inner.delete(key, owner).await
-    }
-
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn earliest_expiry(
-        &self,
-        ttl: Duration,
-        sent_at: tokio::time::Instant,
-    ) -> tokio::time::Instant {
-        self.inner.earliest_expiry(ttl, sent_at)
-    }
-
-    fn store_clock(&self) -> Option<&moltlock_core::StoreClock> {
-        self.inner.store_clock()
-    }
-
-    async fn watch(&self, key: &LockKey) -> Result<Option<Box<dyn ReleaseWatch>>, Error> {
-        self.inner.watch(key).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        self.inner.inspect(key).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
-        self.inner.list(prefix).await
-    }
-
-    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
-        self.inner.renew_many(items).await
-    }
-
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
-        self.inner.raise_fence(key, floor).await
-    }
-
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
-        self.inner.describe(key, owner, description).await
-    }
-
-    async fn fair_acquire(
-        &self,
-        key: &LockKey,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<Fence, Error> {
-        self.inner.fair_acquire(key, token, ttl).await
     }
 }
 

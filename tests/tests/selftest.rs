@@ -245,13 +245,7 @@ async fn missing_capabilities_skip_their_cases() {
 
 #[tokio::test]
 async fn stamping_must_match_declared_capabilities() {
-    let all = [
-        "notifies_release",
-        "inspect",
-        "fair_queue",
-        "raise_fence",
-        "describe",
-    ];
+    let all = ["watch", "inspect", "fair_queue", "raise_fence", "describe"];
     assert_eq!(check_stamping(bare(), &all).await, Ok(()));
     let err = check_stamping(bare(), &["inspect"]).await.unwrap_err();
     assert!(err.contains("fair_queue"), "{err}");
@@ -267,7 +261,7 @@ async fn stamping_must_match_declared_capabilities() {
 mod bare_backend {
     moltlock_conformance::conformance_tests!(
         super::bare(),
-        without: [notifies_release, inspect, fair_queue, raise_fence, describe]
+        without: [watch, inspect, fair_queue, raise_fence, describe]
     );
 }
 

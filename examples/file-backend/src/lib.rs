@@ -142,8 +142,8 @@ impl Backend for FileBackend {
         "file"
     }
 
-    fn capabilities(&self) -> moltlock_core::Capabilities {
+    fn limits(&self) -> moltlock_core::Limits {
         // Hex doubles the length; most file systems allow 255-byte names.
-        moltlock_core::Capabilities::new().with_max_key_len(120)
+        moltlock_core::Limits::new().with_max_key_len(120)
     }
 }

@@ -9,14 +9,19 @@
 //!   the traffic between a worker and its store.
 //! - [`check`]: the analysis — overlapping valid sections, stale writes
 //!   accepted, duplicate fences.
-//! - [`harness`]: worker processes, scenarios and the report table.
+//! - [`workers`]: worker processes and the harness that runs them;
+//!   [`scenarios`]: the faults; [`report`]: outcomes and the report table
+//!   ([`harness`] names all three).
 //! - [`Reporter`]: the worker's side of the service protocol (used by the
 //!   `fault-worker` binary).
 
 pub mod check;
 pub mod harness;
 pub mod proxy;
+pub mod report;
+pub mod scenarios;
 pub mod service;
+pub mod workers;
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};

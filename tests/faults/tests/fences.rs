@@ -29,7 +29,7 @@ async fn contend(url: &str, ttl: Duration) {
     let mut tasks = Vec::new();
     for _ in 0..CLIENTS {
         let backend = moltlock::connect(url).await.unwrap();
-        let mgr = LockManager::builder_arc(backend).ttl(ttl).build().unwrap();
+        let mgr = LockManager::builder(backend).ttl(ttl).build().unwrap();
         let (key, order) = (key.clone(), order.clone());
         tasks.push(tokio::spawn(async move {
             loop {

@@ -1,8 +1,8 @@
-//! Fences: long-lived clients, contention, raising floors, fair and plain.
+//! Fences: long-lived clients, contention, raising minimums, fair and plain.
 
 use std::time::Duration;
 
-use moltlock_core::{Fence, LockOptions};
+use moltlock_core::{BackendExt, Fence, LockOptions};
 
 use super::{contend, err, key, manager};
 use crate::{CaseResult, Factory, Outcome};
@@ -63,9 +63,9 @@ pub async fn fences_rise_under_contention(f: Factory) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// `raise_fence` is a max: a floor below the current fence lowers nothing,
-/// a lower floor after a higher one undoes nothing, and later fences exceed
-/// every floor and every earlier fence.
+/// `raise_fence` is a max: a minimum below the current fence lowers nothing,
+/// a lower minimum after a higher one undoes nothing, and later fences exceed
+/// every minimum and every earlier fence.
 pub async fn raise_fence_is_a_max(f: Factory) -> CaseResult {
     let b = f.open().await?;
     let m = manager(&b, LONG)?;
@@ -78,21 +78,21 @@ pub async fn raise_fence_is_a_max(f: Factory) -> CaseResult {
             .await
             .map_err(err)?;
     }
-    // Each low floor on its own: a later higher floor must not hide it.
+    // Each low minimum on its own: a later higher minimum must not hide it.
     let mut g = m.lock(&k).await.map_err(err)?;
     for low in ["1", "the current fence - 1", "the current fence"] {
         let current = g.fence();
-        let floor = match low {
+        let minimum = match low {
             "1" => Fence(1),
             "the current fence - 1" => Fence(current.get().saturating_sub(1)),
             _ => current,
         };
-        b.raise_fence(g.key(), floor).await.map_err(err)?;
+        b.raise_fence(g.key(), minimum).await.map_err(err)?;
         g.release().await.map_err(err)?;
         g = m.lock(&k).await.map_err(err)?;
         ensure!(
             g.fence() > current,
-            "fence {} after {current}: raising the floor to {low} ({floor}) lowered later fences",
+            "fence {} after {current}: raising the minimum to {low} ({minimum}) lowered later fences",
             g.fence()
         );
     }
@@ -105,7 +105,7 @@ pub async fn raise_fence_is_a_max(f: Factory) -> CaseResult {
     let g = m.lock(&k).await.map_err(err)?;
     ensure!(
         g.fence() > high,
-        "fence {} after raising the floor to {high} and then to a lower one",
+        "fence {} after raising the minimum to {high} and then to a lower one",
         g.fence()
     );
     g.release().await.map_err(err)?;

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use moltlock_core::{CasOutcome, LockManager, LockOptions, RetryPolicy, Token};
+use moltlock_core::{BackendExt, CasOutcome, LockManager, LockOptions, RetryPolicy, Token};
 use tokio::time::Instant;
 
 use super::{err, key, manager, raw_acquire, short_ttl, timed_acquire};
@@ -21,11 +21,7 @@ pub async fn watch_subscribes_before_it_returns(f: Factory) -> CaseResult {
     let k = key("watch-early");
     let (owner, _) = raw_acquire(&holder, &k, LONG).await?;
     let lk = k.parse().map_err(err)?;
-    let mut watch = waiter
-        .watch(&lk)
-        .await
-        .map_err(err)?
-        .ok_or("the backend declares release notifications but watch() returned None")?;
+    let mut watch = waiter.watch(&lk).await.map_err(err)?;
     let held = match waiter
         .cas(&lk, None, &Token::random(), LONG)
         .await
@@ -60,7 +56,7 @@ pub async fn watch_fires_for_every_release(f: Factory) -> CaseResult {
     let log: Arc<Mutex<Vec<(usize, Instant, Instant)>>> = Arc::default();
     let mut tasks = Vec::new();
     for i in 0..3 {
-        let m = LockManager::builder_arc(f.open().await?)
+        let m = LockManager::builder(f.open().await?)
             .ttl(LONG)
             .retry(RetryPolicy::Fixed(Duration::from_secs(5)))
             .build()
@@ -311,7 +307,7 @@ pub async fn descriptions_belong_to_their_hold(f: Factory) -> CaseResult {
             .map_err(err)?,
         "a stranger's description of another's hold was accepted"
     );
-    let inspect = b.capabilities().inspect;
+    let inspect = b.inspector().is_some();
     if inspect {
         let info = other.inspect(&lk).await.map_err(err)?;
         let got = info.and_then(|i| i.description);

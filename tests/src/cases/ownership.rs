@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use moltlock_core::{CasOutcome, Error, LockManager, RenewItem, RetryPolicy, Token};
+use moltlock_core::{BackendExt, CasOutcome, Error, LockManager, RenewItem, RetryPolicy, Token};
 use tokio::time::Instant;
 
 use super::{err, expect_gone_after_expiry, is_free, key, raw_acquire, renew, short_ttl, Timed};
@@ -108,7 +108,7 @@ pub async fn tokens_are_compared_exactly(f: Factory) -> CaseResult {
 /// documented limit), but never treat two of them as one lock.
 pub async fn keys_are_distinct_exactly(f: Factory) -> CaseResult {
     let b = f.open().await?;
-    let limit = b.capabilities().max_key_len;
+    let limit = b.limits().max_key_len;
     let base = key("key-exact");
     let mut longest = base.clone();
     while longest.len() < limit - 1 {

@@ -8,7 +8,7 @@ use moltlock::Error;
 use moltlock_conformance::{cases, factory_dyn, run_case, CaseResult, Outcome};
 use tokio::sync::Semaphore;
 
-use crate::{colour, paint};
+use crate::paint::{colour, paint};
 
 /// Options of `moltlock conformance`.
 #[derive(Args, Debug)]

@@ -1,0 +1,115 @@
+//! Optional backend features, each an extension a backend hands out
+//! (`Backend::watcher`, `Backend::inspector`, …), so that "declared" and
+//! "implemented" are one fact.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::records::{Held, HolderInfo, RenewItem};
+use crate::{Error, Fence, LockKey, Token};
+
+/// A subscription to release events of one key, made *before* the acquire
+/// attempt it follows, so a release between the attempt and the wait is
+/// never missed.
+#[async_trait]
+pub trait ReleaseWatch: Send {
+    /// Resolves once the key may have been released since the attempt that
+    /// saw `held`. Spurious wake-ups are allowed; missed ones are not.
+    ///
+    /// Cancel safe: dropping the future loses nothing; the next call still
+    /// sees a release that happened meanwhile.
+    async fn released(&mut self, held: &Held) -> Result<(), Error>;
+}
+
+/// Release notifications: a waiter subscribes before its attempt and sleeps
+/// until the key may have been released.
+#[async_trait]
+pub trait Watch: Send + Sync {
+    /// Subscribes to releases of `key`; called before the first attempt of
+    /// a waiting acquire.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing behind in the store: the
+    /// subscription, if made, ends with the dropped watch.
+    async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error>;
+}
+
+/// Reading the holds of a store.
+#[async_trait]
+pub trait Inspect: Send + Sync {
+    /// The current holder of `key`, if any.
+    ///
+    /// # Cancel safety
+    /// Read only: dropping the future changes nothing.
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error>;
+
+    /// Every live hold whose key starts with `prefix`, sorted by key.
+    ///
+    /// # Cancel safety
+    /// Read only: dropping the future changes nothing.
+    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error>;
+}
+
+/// Renewing a batch of holds in one round trip.
+#[async_trait]
+pub trait RenewMany: Send + Sync {
+    /// Renews every item; returns, per item, whether it is still held.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave some items renewed and others not;
+    /// a renewal only extends a hold its owner already has.
+    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error>;
+}
+
+/// Storing a holder description with a hold.
+#[async_trait]
+pub trait Describe: Send + Sync {
+    /// Stores `description` with the hold of `owner` on `key`, only if
+    /// `owner` holds it (owner-checked, as a renewal): a short text that
+    /// [`Inspect`] returns until the hold ends. A new hold of the key
+    /// starts with none. Returns whether `owner` holds the key. The manager
+    /// checks the text first (at most
+    /// [`MAX_DESCRIPTION_LEN`](crate::MAX_DESCRIPTION_LEN) bytes, no
+    /// control characters).
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not store the description; it never
+    /// touches another owner's hold.
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error>;
+}
+
+/// Raising the fence minimum of a key.
+#[async_trait]
+pub trait RaiseFence: Send + Sync {
+    /// Makes every later fence of `key` greater than `minimum`. Called while
+    /// holding the key, so no acquisition races it; migrating between two
+    /// stores needs it to keep fences monotonic across the switch.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not raise the minimum; a raise is a
+    /// max, so trying again is harmless.
+    async fn raise_fence(&self, key: &LockKey, minimum: Fence) -> Result<(), Error>;
+}
+
+/// A first-come, first-served queue per key.
+#[async_trait]
+pub trait FairQueue: Send + Sync {
+    /// Waits in the queue for `key`, then holds it as `token`.
+    ///
+    /// # Cancel safety
+    /// A dropped future must leave its queue place removed; a hold granted
+    /// as it was dropped is deleted by the manager's cleanup (owner-checked
+    /// by `token`).
+    async fn fair_acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Fence, Error>;
+}

@@ -1,0 +1,193 @@
+//! The optional features Redis offers: release watches over pub/sub,
+//! inspection, pipelined batch renewal, holder descriptions and raising
+//! fences.
+
+use moltlock_core::{
+    async_trait, Backend, CasOutcome, Describe, Error, Fence, HolderInfo, Inspect, LockKey,
+    RaiseFence, ReleaseWatch, RenewItem, RenewMany, Token, Watch,
+};
+
+use tokio::time::Instant;
+
+use crate::backend::{expires_in, millis, CasReply, RedisBackend, LIMITS};
+use crate::config::Mode;
+use crate::scripts::{self, DESCRIBE, INSPECT, RAISE, SWAP};
+
+impl RedisBackend {
+    /// Renews in one pipelined round trip (single server).
+    async fn renew_pipelined(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        let layout = &self.inner.layout;
+        let keys: Vec<(String, String, String, String)> = items
+            .iter()
+            .map(|i| {
+                let k = &i.key;
+                (
+                    layout.lock(k),
+                    layout.fence(k),
+                    layout.info(k),
+                    millis(i.ttl),
+                )
+            })
+            .collect();
+        let keep = self.keep();
+        let build = |by_source: bool| {
+            let mut pipe = redis::pipe();
+            for (item, (lock, fence, info, ttl)) in items.iter().zip(&keys) {
+                let token = item.token.as_str();
+                let args = [token, token, ttl, &keep];
+                pipe.add_command(SWAP.cmd(by_source, &[lock, fence, info], &args));
+            }
+            pipe
+        };
+        let mut conn = self.inner.conn.clone();
+        let sent_at = Instant::now();
+        let replies: Vec<CasReply> = self.timed(scripts::run_pipeline(&mut conn, build)).await?;
+        if let Some(&(_, _, _, clock)) = replies.first() {
+            self.saw_clock(sent_at, clock);
+        }
+        Ok(replies.into_iter().map(|(ok, _, _, _)| ok == 1).collect())
+    }
+
+    /// Renews concurrently, one script per hold (cluster: holds live on
+    /// different slots, so no single pipeline can carry them).
+    async fn renew_concurrently(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        let calls = items
+            .iter()
+            .map(|i| self.cas(&i.key, Some(&i.token), &i.token, i.ttl));
+        let outcomes = futures_util::future::join_all(calls).await;
+        outcomes
+            .into_iter()
+            .map(|o| o.map(|o| matches!(o, CasOutcome::Acquired { .. })))
+            .collect()
+    }
+
+    /// Every stored lock key under the caller's `prefix`.
+    async fn stored_keys(&self, prefix: &str) -> Result<Vec<String>, Error> {
+        let pattern = self.inner.layout.scan_pattern(prefix);
+        let mut conn = self.inner.conn.clone();
+        if self.inner.cfg.mode == Mode::Cluster {
+            // KEYS goes to every primary; SCAN cursors cannot span nodes.
+            let cmd = redis::cmd("KEYS").arg(&pattern).to_owned();
+            return self.timed(cmd.query_async(&mut conn)).await;
+        }
+        let mut out = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(500);
+            let (next, batch): (u64, Vec<String>) = self.timed(cmd.query_async(&mut conn)).await?;
+            out.extend(batch);
+            if next == 0 {
+                return Ok(out);
+            }
+            cursor = next;
+        }
+    }
+}
+
+#[async_trait]
+impl Watch for RedisBackend {
+    /// Registers on the backend's shared pub/sub subscription. Errors when
+    /// the subscription is not live within the connect timeout; the manager
+    /// then polls.
+    async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error> {
+        let channel = self.inner.layout.channel(key);
+        let within = self.inner.cfg.connect_timeout;
+        let w = self.notifier().await.watch(channel, within).await?;
+        Ok(Box::new(w))
+    }
+}
+
+#[async_trait]
+impl Inspect for RedisBackend {
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        key.check_len(LIMITS.max_key_len)?;
+        let layout = &self.inner.layout;
+        let (lock, fence, info) = (layout.lock(key), layout.fence(key), layout.info(key));
+        let (holder, fence, pttl, description): (
+            Option<String>,
+            Option<String>,
+            i64,
+            Option<String>,
+        ) = self.script(&INSPECT, &[&lock, &fence, &info], &[]).await?;
+        let Some(holder) = holder else {
+            return Ok(None);
+        };
+        Ok(Some(HolderInfo {
+            key: key.as_str().to_owned(),
+            holder: Token::from_stored(holder),
+            fence: fence.and_then(|f| f.parse().ok()).map(Fence),
+            expires_in: expires_in(pttl),
+            description,
+        }))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
+        let mut out = Vec::new();
+        for stored in self.stored_keys(prefix).await? {
+            let Some(key) = self.inner.layout.caller_key(&stored) else {
+                continue;
+            };
+            let Ok(key) = LockKey::new(key) else {
+                continue;
+            };
+            if let Some(info) = self.inspect(&key).await? {
+                out.push(info);
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl RenewMany for RedisBackend {
+    /// Single server: all holds in one pipelined round trip. Cluster: one
+    /// script per hold, all in flight at once.
+    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        for i in items {
+            self.check(&i.key, i.ttl)?;
+        }
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self.inner.cfg.mode {
+            Mode::Single => self.renew_pipelined(items).await,
+            Mode::Cluster => self.renew_concurrently(items).await,
+        }
+    }
+}
+
+#[async_trait]
+impl Describe for RedisBackend {
+    async fn describe(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+        description: &str,
+    ) -> Result<bool, Error> {
+        key.check_len(LIMITS.max_key_len)?;
+        let layout = &self.inner.layout;
+        let (lock, info) = (layout.lock(key), layout.info(key));
+        let done: i64 = self
+            .script(&DESCRIBE, &[&lock, &info], &[owner.as_str(), description])
+            .await?;
+        Ok(done == 1)
+    }
+}
+
+#[async_trait]
+impl RaiseFence for RedisBackend {
+    async fn raise_fence(&self, key: &LockKey, minimum: Fence) -> Result<(), Error> {
+        key.check_len(LIMITS.max_key_len)?;
+        let fence = self.inner.layout.fence(key);
+        let _: i64 = self
+            .script(&RAISE, &[&fence], &[&minimum.get().to_string()])
+            .await?;
+        Ok(())
+    }
+}

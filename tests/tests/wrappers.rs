@@ -1,0 +1,105 @@
+//! Every in-tree wrapper exposes exactly the extensions of what it wraps:
+//! no more (a feature it would then fail to provide) and no fewer (a
+//! feature it would silently drop).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests unwrap
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use moltlock_conformance::broken::{Flaw, Flawed};
+use moltlock_conformance::{Delay, Duplicating, Partition};
+use moltlock_core::extension::extensions;
+use moltlock_core::{
+    async_trait, Backend, CasOutcome, Error, LockKey, MemoryBackend, MigratingBackend, Phase, Token,
+};
+
+/// A backend with the two required methods only.
+struct Bare(MemoryBackend);
+
+#[async_trait]
+impl Backend for Bare {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        self.0.cas(key, expected, new, ttl).await
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        self.0.delete(key, owner).await
+    }
+}
+
+/// Stores with every mix the suite has: all extensions (a fair queue too),
+/// all but the fair queue, none.
+fn inners() -> Vec<Arc<dyn Backend>> {
+    vec![
+        Arc::new(Flawed::new(Flaw::None)),
+        Arc::new(MemoryBackend::new()),
+        Arc::new(Bare(MemoryBackend::new())),
+    ]
+}
+
+fn wrapped(inner: &Arc<dyn Backend>) -> Vec<(&'static str, Box<dyn Backend>)> {
+    let d = Duration::ZERO;
+    vec![
+        ("Partition", Box::new(Partition::new(inner.clone()))),
+        ("Delay", Box::new(Delay::new(inner.clone(), d, d))),
+        ("Duplicating", Box::new(Duplicating::new(inner.clone()))),
+        ("Arc", Box::new(inner.clone())),
+        ("Box", Box::new(Box::new(inner.clone()))),
+    ]
+}
+
+#[test]
+fn wrappers_expose_exactly_the_extensions_they_wrap() {
+    let names: Vec<Vec<&str>> = inners().iter().map(|b| extensions(&**b)).collect();
+    assert_eq!(names[0].len(), 6, "the flawed store has every extension");
+    assert!(names[2].is_empty(), "the bare store has none");
+    for inner in inners() {
+        let want = extensions(&*inner);
+        for (name, wrapper) in wrapped(&inner) {
+            assert_eq!(extensions(&*wrapper), want, "{name} over {}", inner.name());
+            assert_eq!(wrapper.limits(), inner.limits(), "{name} limits");
+            assert_eq!(wrapper.name(), inner.name(), "{name} name");
+        }
+    }
+}
+
+/// A backend that raises fences, as a migration needs, and nothing else.
+fn raising() -> Vec<Arc<dyn Backend>> {
+    vec![
+        Arc::new(Flawed::new(Flaw::None)),
+        Arc::new(MemoryBackend::new()),
+    ]
+}
+
+#[test]
+fn migration_in_a_single_phase_is_the_deciding_store() {
+    for old in raising() {
+        for new in raising() {
+            let (o, n) = (extensions(&*old), extensions(&*new));
+            let phase = |p| MigratingBackend::new(old.clone(), new.clone(), p).unwrap();
+            assert_eq!(extensions(&phase(Phase::Old)), o);
+            assert_eq!(extensions(&phase(Phase::New)), n);
+            let both = extensions(&phase(Phase::Both));
+            assert!(
+                !both.contains(&"fair_queue"),
+                "two queues have no one order"
+            );
+            assert!(both.contains(&"raise_fence"));
+        }
+    }
+}
+
+#[test]
+fn migration_refuses_a_store_that_cannot_raise_fences() {
+    let bare: Arc<dyn Backend> = Arc::new(Bare(MemoryBackend::new()));
+    let memory: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let res = MigratingBackend::new(memory, bare, Phase::Old);
+    assert!(matches!(res, Err(Error::Config(_))), "{res:?}");
+}
