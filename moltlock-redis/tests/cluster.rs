@@ -2,23 +2,15 @@
 //! (started per case by the fixture), plus cluster-specific checks.
 
 use moltlock_core::BackendExt;
-use std::sync::Arc;
 use std::time::Duration;
 
-use moltlock_core::{Backend, Error, LockKey, LockManager, RenewItem, Token};
+use moltlock_core::{Backend, LockKey, LockManager, RenewItem, Token};
 use moltlock_fixtures::redis as fx;
 use moltlock_redis::{Mode, RedisBackend};
 
 fn cluster_store() -> moltlock_conformance::Factory {
-    let cluster = Arc::new(fx::start_cluster());
-    moltlock_conformance::factory(move || {
-        let cluster = cluster.clone();
-        async move {
-            match cluster.as_ref() {
-                Ok(c) => RedisBackend::from_url(&c.url()).await,
-                Err(e) => Err(Error::Config(e.clone())),
-            }
-        }
+    moltlock_fixtures::conformance_factory(fx::start_cluster(), |c| async move {
+        RedisBackend::from_url(&c.url()).await
     })
 }
 

@@ -1,8 +1,6 @@
 //! TLS and ACL: a TLS-only `redis-server` this test owns, with certificates
 //! made for the test and an ACL user limited to what the backend needs.
 
-use std::sync::Arc;
-
 use moltlock_core::{Backend, Error, LockKey, Token};
 use moltlock_fixtures::redis as fx;
 use moltlock_redis::{RedisBackend, RedisConfig};
@@ -55,15 +53,8 @@ fn config(server: &fx::TlsRedis, user: &str, pw: &str) -> Result<RedisConfig, Er
 }
 
 fn tls_store() -> moltlock_conformance::Factory {
-    let server = Arc::new(start());
-    moltlock_conformance::factory(move || {
-        let server = server.clone();
-        async move {
-            match server.as_ref() {
-                Ok(s) => RedisBackend::connect(config(s, "locker", "locker-pw")?).await,
-                Err(e) => Err(Error::Config(e.clone())),
-            }
-        }
+    moltlock_fixtures::conformance_factory(start(), |s| async move {
+        RedisBackend::connect(config(&s, "locker", "locker-pw")?).await
     })
 }
 
