@@ -13,6 +13,10 @@ use crate::{Backend, Error, Fence, Limits, LockKey, StoreClock, Token};
 
 /// Renews each item with its own owner-checked `cas`: what the manager does
 /// when a backend has no [`RenewMany`].
+///
+/// # Cancel safety
+/// Dropping the future leaves the items renewed so far renewed and the
+/// rest as they were.
 pub async fn renew_each<B: Backend + ?Sized>(
     backend: &B,
     items: &[RenewItem],
@@ -64,6 +68,9 @@ pub trait Forward: Send + Sync + 'static {
     fn inner(&self) -> &Self::Inner;
 
     /// As [`Backend::cas`]; forwards by default.
+    ///
+    /// # Cancel safety
+    /// That of the inner backend's `cas`.
     async fn cas(
         &self,
         key: &LockKey,
@@ -75,6 +82,9 @@ pub trait Forward: Send + Sync + 'static {
     }
 
     /// As [`Backend::delete`]; forwards by default.
+    ///
+    /// # Cancel safety
+    /// That of the inner backend's `delete`.
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
         self.inner().delete(key, owner).await
     }
@@ -306,6 +316,9 @@ pub fn require<'a, T: ?Sized>(
 /// out, each failing with [`Error::Unsupported`] where the backend has
 /// none: for callers that need one feature and would report its absence
 /// anyway (`moltlock status` lists holds with it).
+///
+/// # Cancel safety
+/// Each method is as cancel safe as the extension method it calls.
 #[async_trait]
 pub trait BackendExt: Backend {
     /// [`Watch::watch`].
