@@ -21,7 +21,7 @@
 //!   per distinct hold TTL (rounded up to whole seconds; etcd's floor is
 //!   2 s, so that is the shortest TTL accepted). No background task keeps
 //!   the lease alive: the manager's renewal driver calls
-//!   [`renew_many`](moltlock_core::Backend::renew_many) every TTL/3, which
+//!   [`renew_many`](moltlock_core::RenewMany::renew_many) every TTL/3, which
 //!   sends one keep-alive per lease and checks the holds with one
 //!   `LeaseTimeToLive(keys)` query per lease: a key still attached to the
 //!   session's lease carries the token the session last wrote to it (any
@@ -71,13 +71,19 @@
 
 mod backend;
 mod config;
+mod core;
 mod error;
 mod fair;
+mod holds;
+mod inspect;
+mod keys;
+mod pending;
+mod renew;
 mod session;
+mod txn;
 mod url;
 mod watch;
+mod written;
 
 pub use backend::EtcdBackend;
-pub use config::{
-    EtcdConfig, EtcdConfigBuilder, Pem, TlsSettings, DEFAULT_PREFIX, MIN_SESSION_TTL,
-};
+pub use config::{EtcdConfig, Pem, TlsSettings, DEFAULT_PREFIX, MIN_SESSION_TTL};
