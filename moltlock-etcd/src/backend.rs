@@ -287,6 +287,12 @@ impl RaiseFence for EtcdBackend {
     /// Lifts the key's fence offset (a key with no lease, beside the lock
     /// key) so that `revision + offset` exceeds `floor` for every later
     /// hold: revisions only grow and the offset never shrinks.
+    ///
+    /// # Cancel safety
+    /// A dropped raise may or may not land. The write is a plain put of an
+    /// offset computed from a read, so a dropped raise whose put lands
+    /// after a later raise of the same key sets the earlier, lower offset;
+    /// retry a dropped raise before relying on its floor.
     async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
         self.core.raise_fence(key, floor).await
     }

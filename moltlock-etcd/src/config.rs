@@ -1,7 +1,7 @@
 //! Connection settings: endpoints, key prefix, session TTL, auth, TLS and
 //! timeouts. Built with [`EtcdConfig::new`] and its setters or parsed by
-//! [`EtcdConfig::from_url`]; checked when the backend connects. Passwords
-//! and private keys never appear in `Debug` output.
+//! [`EtcdConfig::from_url`] (in `url.rs`); checked when the backend
+//! connects. Passwords and private keys never appear in `Debug` output.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -67,8 +67,7 @@ impl fmt::Debug for TlsSettings {
 
 /// How to reach etcd and where to keep locks: `EtcdConfig::new(endpoints)`
 /// or [`from_url`](Self::from_url), then setters that take and return the
-/// configuration. [`EtcdBackend::connect`](crate::EtcdBackend::connect)
-/// checks it.
+/// configuration. `EtcdBackend::connect` checks it.
 ///
 /// ```
 /// use std::time::Duration;
@@ -92,8 +91,8 @@ pub struct EtcdConfig {
 }
 
 impl Default for EtcdConfig {
-    /// No endpoints (enough for [`EtcdBackend::from_client`](crate::EtcdBackend::from_client),
-    /// which does not dial) and every other setting at its default.
+    /// No endpoints (enough for `EtcdBackend::from_client`, which does not
+    /// dial) and every other setting at its default.
     fn default() -> Self {
         Self::new(Vec::<String>::new())
     }
@@ -113,20 +112,6 @@ impl EtcdConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
         }
-    }
-
-    /// Parses `etcd://[user:password@]host:port[,host:port…][/key_prefix][?options]`
-    /// (or `etcds://` for TLS). Options: `ca`, `cert`, `key` (PEM file paths),
-    /// `domain` (the name to check the server certificate against),
-    /// `session_ttl`, `connect_timeout`, `request_timeout` (durations as
-    /// [`parse_duration`](moltlock_core::parse_duration) reads them: `5s`,
-    /// `500ms`, `2m`). User, password, prefix and option values may be
-    /// percent-encoded.
-    ///
-    /// # Errors
-    /// [`Error::Config`] when the URL does not have this shape.
-    pub fn from_url(url: &str) -> Result<Self, Error> {
-        crate::url::parse(url)
     }
 
     /// The prefix under which lock keys live (default `/moltlock/`); a

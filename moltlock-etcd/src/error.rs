@@ -8,6 +8,10 @@
 //! | request too large, too many operations in a Txn | [`Error::Store`], not retryable |
 //! | a bad endpoint or URI | [`Error::Config`] |
 //! | anything else | [`Error::Store`], not retryable |
+//!
+//! `Unavailable`, `Auth` and `Store` errors keep the client's
+//! `etcd_client::Error` as their [`source`](std::error::Error::source), for
+//! callers that downcast to it; their messages are redacted.
 
 use moltlock_core::Error;
 use tonic::Code;
@@ -153,8 +157,11 @@ mod tests {
 
     #[test]
     fn the_client_error_is_the_source() {
-        let e = map(etcd_client::Error::GRpcStatus(tonic::Status::unavailable("down")));
-        let source = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<etcd_client::Error>());
+        let e = map(etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+            "down",
+        )));
+        let source =
+            std::error::Error::source(&e).and_then(|s| s.downcast_ref::<etcd_client::Error>());
         assert!(
             matches!(source, Some(etcd_client::Error::GRpcStatus(s)) if s.message() == "down"),
             "{e:?}"

@@ -84,8 +84,7 @@ async fn wait(core: &Core, key: &[u8], from: i64, period: Duration) -> Result<()
     let watch = next_event(&core.watches, key, from);
     match tokio::time::timeout(period, watch).await {
         Ok(Ok(Wake::Event)) => {
-            core
-                .wakeups
+            core.wakeups
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Ok(())
         }
@@ -95,12 +94,7 @@ async fn wait(core: &Core, key: &[u8], from: i64, period: Duration) -> Result<()
 }
 
 /// Puts our queue entry on the session lease; returns its create revision.
-async fn enqueue(
-    core: &Core,
-    key: &LockKey,
-    token: &Token,
-    ttl: Duration,
-) -> Result<i64, Error> {
+async fn enqueue(core: &Core, key: &LockKey, token: &Token, ttl: Duration) -> Result<i64, Error> {
     let entry = core.keys.queue_entry(key, token);
     let mut retried = false;
     loop {
@@ -117,9 +111,10 @@ async fn enqueue(
             }
             Err(e) => return Err(map(e)),
             Ok(resp) => {
-                return resp.header().map(|h| h.revision()).ok_or_else(|| {
-                    Error::store(NAME, "a put answer had no header", true)
-                })
+                return resp
+                    .header()
+                    .map(|h| h.revision())
+                    .ok_or_else(|| Error::store(NAME, "a put answer had no header", true))
             }
         }
     }

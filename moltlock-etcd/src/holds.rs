@@ -67,7 +67,11 @@ impl Core {
     }
 
     /// Renewal of one hold: compare the value, then keep its lease alive.
-    pub(crate) async fn renew_one(&self, key: &LockKey, token: &Token) -> Result<CasOutcome, Error> {
+    pub(crate) async fn renew_one(
+        &self,
+        key: &LockKey,
+        token: &Token,
+    ) -> Result<CasOutcome, Error> {
         let k = self.keys.lock(key);
         let txn = Txn::new()
             .when([Compare::value(k.clone(), CompareOp::Equal, token.as_str())])

@@ -15,6 +15,25 @@
 //! # }
 //! ```
 //!
+//! # Configuration
+//!
+//! [`EtcdConfig::from_url`] or [`EtcdConfig::new`] plus setters (`key_prefix`,
+//! `connect_timeout`, `request_timeout`, `session_ttl`, `auth`, `tls_*`),
+//! then [`EtcdBackend::connect`], which checks the settings. An application
+//! that already has an `etcd_client::Client` shares it with
+//! [`EtcdBackend::from_client`]. The password is kept in a
+//! [`Secret`](moltlock_core::Secret) and never shows in `Debug` output or
+//! errors.
+//!
+//! # Cancel safety
+//!
+//! Every async method documents what a dropped future leaves in etcd. In
+//! short: reads leave nothing; an acquisition may still land, on the
+//! session lease, and is removed by the manager's owner-checked cleanup; a
+//! release that did not finish is retried before the session's next
+//! acquisition or renewal round; a dropped fair wait deletes its queue
+//! entry.
+//!
 //! # How it works
 //!
 //! - **Session**: each [`EtcdBackend`] instance is one session with one lease

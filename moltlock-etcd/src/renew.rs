@@ -18,7 +18,10 @@ const TXN_CHUNK: usize = 100;
 impl Core {
     /// Renews every item's lease; returns, per item, whether it still holds.
     /// A lease that is gone makes every hold on it report not held.
-    pub(crate) async fn renew_many(self: &Arc<Self>, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+    pub(crate) async fn renew_many(
+        self: &Arc<Self>,
+        items: &[RenewItem],
+    ) -> Result<Vec<bool>, Error> {
         // Deletes left over from an outage (up to 4,096, one request each)
         // must not hold up the keep-alive: they run beside it.
         let core = self.clone();

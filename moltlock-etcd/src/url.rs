@@ -14,8 +14,24 @@ fn bad(url: &str, why: &str) -> Error {
     )))
 }
 
+impl EtcdConfig {
+    /// Parses `etcd://[user:password@]host:port[,host:port…][/key_prefix][?options]`
+    /// (or `etcds://` for TLS). Options: `ca`, `cert`, `key` (PEM file paths),
+    /// `domain` (the name to check the server certificate against),
+    /// `session_ttl`, `connect_timeout`, `request_timeout` (durations as
+    /// [`parse_duration`](moltlock_core::parse_duration) reads them: `5s`,
+    /// `500ms`, `2m`). User, password, prefix and option values may be
+    /// percent-encoded.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the URL does not have this shape.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        parse(url)
+    }
+}
+
 /// Parses a URL as documented on [`EtcdConfig::from_url`].
-pub(crate) fn parse(url: &str) -> Result<EtcdConfig, Error> {
+fn parse(url: &str) -> Result<EtcdConfig, Error> {
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| bad(url, "expected etcd:// or etcds://"))?;
@@ -102,7 +118,10 @@ fn valid_host_port(e: &str) -> bool {
 /// not is refused rather than kept, so a mistyped password fails here and
 /// not as an authentication error later.
 fn decode(url: &str, s: &str) -> Result<String, Error> {
-    let is_escape = |h: &str| h.get(..2).is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit()));
+    let is_escape = |h: &str| {
+        h.get(..2)
+            .is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+    };
     if !s.split('%').skip(1).all(is_escape) {
         return Err(bad(url, "bad percent-encoding"));
     }

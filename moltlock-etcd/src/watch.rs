@@ -249,8 +249,12 @@ pub(crate) struct KeyWatch {
 #[async_trait]
 impl ReleaseWatch for KeyWatch {
     /// Returns on any change of the key after `held.revision` (a release,
-    /// or a spurious wake the caller's next attempt sorts out). Cancel safe:
-    /// the next call looks from the revision its `held` names again.
+    /// or a spurious wake the caller's next attempt sorts out).
+    ///
+    /// # Cancel safety
+    /// Dropping the future cancels its watch on the shared stream and
+    /// writes nothing; the next call looks from the revision its `held`
+    /// names again, so a release in between is not missed.
     async fn released(&mut self, held: &Held) -> Result<(), Error> {
         let from = held
             .revision

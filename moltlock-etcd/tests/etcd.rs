@@ -45,7 +45,9 @@ async fn keys_under(b: &EtcdBackend, key: &str) -> Result<Vec<String>, etcd_clie
     let opts = etcd_client::GetOptions::new()
         .with_prefix()
         .with_keys_only();
-    let resp = c.get(format!("{}{key}", b.key_prefix()), Some(opts)).await?;
+    let resp = c
+        .get(format!("{}{key}", b.key_prefix()), Some(opts))
+        .await?;
     Ok(resp
         .kvs()
         .iter()

@@ -46,8 +46,8 @@ async fn tls_and_auth() -> Result<(), Box<dyn std::error::Error>> {
         Err(e @ Error::Auth { .. }) => {
             assert!(e.to_string().contains("authentication failed"), "{e}");
             // The client's own error is the source, for callers that need it.
-            let source = std::error::Error::source(&e)
-                .and_then(|s| s.downcast_ref::<etcd_client::Error>());
+            let source =
+                std::error::Error::source(&e).and_then(|s| s.downcast_ref::<etcd_client::Error>());
             assert!(
                 matches!(source, Some(etcd_client::Error::GRpcStatus(s)) if s.message().contains("authentication failed")),
                 "the source is not etcd's error: {source:?}"
