@@ -99,7 +99,7 @@ impl EtcdBackend {
 
     /// The etcd client, for administration beside the locks.
     pub fn client(&self) -> &Client {
-        self.core.io.client()
+        &self.core.io.client
     }
 
     /// The key prefix of this backend's locks.
@@ -188,7 +188,7 @@ impl Backend for EtcdBackend {
             // key, or a fair-queue entry, that lands after the first
             // cleanup delete is removed by a later one (a release deletes
             // the caller's queue entry too).
-            .with_late_write(self.core.io.timeout() + Duration::from_secs(1))
+            .with_late_write(self.core.io.timeout + Duration::from_secs(1))
     }
 
     /// The lease's own bound: the instant before its last confirmed grant or

@@ -19,7 +19,8 @@ use etcd_client::{GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 use moltlock_core::{CasOutcome, Error, Fence, LockKey, Token};
 
 use crate::core::Core;
-use crate::error::{is_lease_not_found, map, NAME};
+use crate::error::{is_lease_not_found, map};
+use crate::txn::header_revision;
 use crate::watch::{next_event, Wake};
 
 /// Pause after a retryable failure while waiting in the queue.
@@ -110,12 +111,7 @@ async fn enqueue(core: &Core, key: &LockKey, token: &Token, ttl: Duration) -> Re
                 retried = true;
             }
             Err(e) => return Err(map(e)),
-            Ok(resp) => {
-                return resp
-                    .header()
-                    .map(|h| h.revision())
-                    .ok_or_else(|| Error::store(NAME, "a put answer had no header", true))
-            }
+            Ok(resp) => return header_revision(&resp),
         }
     }
 }

@@ -208,9 +208,9 @@ impl Core {
         if needed <= offset {
             return Ok(());
         }
-        let mut client = self.io.client().clone();
+        let mut client = self.io.client.clone();
         let put = client.put(self.keys.offset(key), needed.to_string(), None);
-        call("put", self.io.timeout(), put).await?;
+        call("put", self.io.timeout, put).await?;
         Ok(())
     }
 }

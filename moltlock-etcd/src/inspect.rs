@@ -10,7 +10,6 @@ use etcd_client::{GetOptions, KeyValue};
 use moltlock_core::{Error, Fence, HolderInfo, LockKey, Token};
 
 use crate::core::Core;
-use crate::error::call;
 use crate::keys::Stored;
 use crate::txn::{offset_fence, parse_offset};
 
@@ -120,9 +119,7 @@ impl Core {
         if lease == 0 {
             return Ok(None);
         }
-        let mut client = self.io.client().clone();
-        let query = client.lease_time_to_live(lease, None);
-        match call("lease time-to-live", self.io.timeout(), query).await {
+        match self.io.lease_ttl(lease, false).await {
             Ok(r) => Ok(u64::try_from(r.ttl()).ok().map(Duration::from_secs)),
             Err(e) if e.is_retryable() => Err(e),
             Err(_) => Ok(None),

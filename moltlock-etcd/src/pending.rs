@@ -7,7 +7,7 @@
 //! so two callers never send the same delete at once.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use moltlock_core::{LockKey, Token};
 
@@ -23,10 +23,7 @@ pub(crate) struct Pending(Mutex<HashMap<Item, bool>>);
 
 impl Pending {
     fn map(&self) -> MutexGuard<'_, HashMap<Item, bool>> {
-        match self.0.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Records a delete about to be sent, as in flight.

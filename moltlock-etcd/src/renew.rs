@@ -6,11 +6,11 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use etcd_client::{LeaseTimeToLiveOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Txn, TxnOp, TxnOpResponse};
 use moltlock_core::{Error, RenewItem};
 
 use crate::core::Core;
-use crate::error::{call, map, NAME};
+use crate::error::{map, NAME};
 
 /// etcd's default limit of operations in one Txn is 128; batches stay below.
 const TXN_CHUNK: usize = 100;
@@ -73,10 +73,7 @@ impl Core {
 
     /// The keys attached to `lease`, or `None` when etcd would not say.
     async fn attached_keys(&self, lease: i64) -> Option<HashSet<Vec<u8>>> {
-        let mut client = self.io.client().clone();
-        let opts = LeaseTimeToLiveOptions::new().with_keys();
-        let query = client.lease_time_to_live(lease, Some(opts));
-        match call("lease time-to-live", self.io.timeout(), query).await {
+        match self.io.lease_ttl(lease, true).await {
             Ok(r) if r.ttl() > 0 => Some(r.keys().iter().cloned().collect()),
             Ok(_) => Some(HashSet::new()),
             Err(e) => {

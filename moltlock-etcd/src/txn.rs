@@ -3,30 +3,25 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions, GetResponse, KeyValue, Txn, TxnOpResponse, TxnResponse};
+use etcd_client::{
+    Client, GetOptions, GetResponse, KeyValue, LeaseTimeToLiveOptions, LeaseTimeToLiveResponse,
+    Txn, TxnOpResponse, TxnResponse,
+};
 use moltlock_core::{Error, Fence, Held, Token};
 
 use crate::error::{call, NAME};
 
 /// One etcd client and the request timeout every request gets.
 pub(crate) struct Transport {
-    client: Client,
-    timeout: Duration,
+    /// The client (cheap to clone: clones share the connection).
+    pub(crate) client: Client,
+    /// The timeout of every request.
+    pub(crate) timeout: Duration,
 }
 
 impl Transport {
     pub(crate) fn new(client: Client, timeout: Duration) -> Self {
         Self { client, timeout }
-    }
-
-    /// The client (cheap to clone: clones share the connection).
-    pub(crate) fn client(&self) -> &Client {
-        &self.client
-    }
-
-    /// The timeout of every request.
-    pub(crate) fn timeout(&self) -> Duration {
-        self.timeout
     }
 
     /// Sends `txn`. The error stays etcd's, so callers can tell a lease
@@ -39,6 +34,22 @@ impl Transport {
                 tonic::Status::deadline_exceeded("txn did not answer within the request timeout"),
             )),
         }
+    }
+
+    /// The time left on `lease`, with the keys attached to it if `keys`.
+    pub(crate) async fn lease_ttl(
+        &self,
+        lease: i64,
+        keys: bool,
+    ) -> Result<LeaseTimeToLiveResponse, Error> {
+        let opts = keys.then(|| LeaseTimeToLiveOptions::new().with_keys());
+        let mut client = self.client.clone();
+        call(
+            "lease time-to-live",
+            self.timeout,
+            client.lease_time_to_live(lease, opts),
+        )
+        .await
     }
 
     /// One range read.

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use etcd_client::{Client, WatchOptions, WatchResponse, WatchStream};
@@ -57,10 +57,7 @@ enum Msg {
 
 impl HubConn {
     fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<i64, mpsc::UnboundedSender<Msg>>> {
-        match self.routes.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        self.routes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn alive(&self) -> bool {

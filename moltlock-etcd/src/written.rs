@@ -8,7 +8,7 @@
 //! restored only when etcd confirms the write.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use moltlock_core::Token;
 
@@ -18,10 +18,7 @@ pub(crate) struct Written(Mutex<HashMap<Vec<u8>, Token>>);
 
 impl Written {
     fn map(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Token>> {
-        match self.0.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The key is about to be written (or deleted): its outcome is unknown
