@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions};
+use etcd_client::Client;
 use moltlock_core::{
     async_trait, Backend, CasOutcome, Describe, Error, FairQueue, Fence, HolderInfo, Inspect,
     Limits, LockKey, RaiseFence, ReleaseWatch, RenewItem, RenewMany, Token, Watch,
@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::config::EtcdConfig;
 use crate::core::Core;
-use crate::error::{call, map, timed_out, NAME};
+use crate::error::NAME;
 use crate::watch::KeyWatch;
 
 /// A MoltLock backend on etcd v3.
@@ -53,19 +53,10 @@ impl EtcdBackend {
     /// first (read-only) request write nothing, and no lease is granted
     /// before the first acquisition.
     pub async fn connect(config: EtcdConfig) -> Result<Self, Error> {
-        let opts = config.connect_options()?;
-        let dial = config.connect_timeout;
-        let connecting = Client::connect(&config.endpoints, Some(opts));
-        let client = match tokio::time::timeout(dial, connecting).await {
-            Ok(r) => r.map_err(map)?,
-            Err(_) => return Err(timed_out("connecting", dial)),
-        };
-        let mut probe = client.clone();
-        let opts = GetOptions::new().with_count_only();
-        let within = dial + config.request_timeout;
-        let first = probe.get(config.key_prefix.clone(), Some(opts));
-        call("the first request", within, first).await?;
-        Self::from_client(client, config)
+        let core = Core::connect(config).await?;
+        Ok(Self {
+            core: Arc::new(core),
+        })
     }
 
     /// Parses `url` (see [`EtcdConfig::from_url`]) and connects.
@@ -91,9 +82,9 @@ impl EtcdBackend {
     /// [`Error::Config`] for a key prefix with control characters, zero
     /// timeouts, or a session TTL out of range.
     pub fn from_client(client: Client, config: EtcdConfig) -> Result<Self, Error> {
-        config.validate_session()?;
+        let core = Core::over(client, config)?;
         Ok(Self {
-            core: Arc::new(Core::new(client, config)),
+            core: Arc::new(core),
         })
     }
 

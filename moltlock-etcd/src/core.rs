@@ -9,9 +9,11 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::Client;
+use etcd_client::{Client, GetOptions};
+use moltlock_core::Error;
 
 use crate::config::EtcdConfig;
+use crate::error::{call, map, timed_out};
 use crate::keys::Keys;
 use crate::pending::Pending;
 use crate::session::Session;
@@ -40,9 +42,31 @@ pub(crate) struct Core {
 }
 
 impl Core {
+    /// Checks `config`, connects, and checks that etcd answers.
+    pub(crate) async fn connect(config: EtcdConfig) -> Result<Self, Error> {
+        let opts = config.connect_options()?;
+        let dial = config.connect_timeout;
+        let connecting = Client::connect(&config.endpoints, Some(opts));
+        let client = match tokio::time::timeout(dial, connecting).await {
+            Ok(r) => r.map_err(map)?,
+            Err(_) => return Err(timed_out("connecting", dial)),
+        };
+        let mut probe = client.clone();
+        let opts = GetOptions::new().with_count_only();
+        let within = dial + config.request_timeout;
+        let first = probe.get(config.key_prefix.clone(), Some(opts));
+        call("the first request", within, first).await?;
+        Self::over(client, config)
+    }
+
     /// The core of a session over `client`, with `config`'s key prefix,
-    /// session TTL and request timeout.
-    pub(crate) fn new(client: Client, config: EtcdConfig) -> Self {
+    /// session TTL and request timeout, once they are checked.
+    pub(crate) fn over(client: Client, config: EtcdConfig) -> Result<Self, Error> {
+        config.validate_session()?;
+        Ok(Self::new(client, config))
+    }
+
+    fn new(client: Client, config: EtcdConfig) -> Self {
         let timeout = config.request_timeout;
         Self {
             keys: Keys::new(config.key_prefix),
