@@ -162,8 +162,9 @@ impl Backend for EtcdBackend {
     ///
     /// # Cancel safety
     /// A delete dropped (or failed) before etcd answered stays in the
-    /// session's pending ledger and is sent again, owner-checked, before
-    /// the session's next acquisition or renewal round.
+    /// session's pending ledger (up to 4,096 of them) and is sent again,
+    /// owner-checked, before the session's next acquisition or renewal
+    /// round.
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
         self.core.release(key, owner).await
     }
@@ -298,8 +299,8 @@ impl FairQueue for EtcdBackend {
     /// A dropped wait spawns the delete of its queue entry on the current
     /// runtime; should that fail (or no runtime be left), the entry lives
     /// until the session's lease ends. A hold taken as the future was
-    /// dropped keeps its entry until the manager's owner-checked delete,
-    /// which removes both.
+    /// dropped stays, on the session lease, until the manager's
+    /// owner-checked delete removes it.
     async fn fair_acquire(
         &self,
         key: &LockKey,
