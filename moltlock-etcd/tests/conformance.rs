@@ -16,8 +16,7 @@ fn store() -> moltlock_conformance::Factory {
                 Ok(e) => e,
                 Err(msg) => return Err(moltlock_core::Error::Config(msg.clone())),
             };
-            let cfg = EtcdConfig::builder(etcd.endpoints.clone()).build()?;
-            EtcdBackend::connect(cfg).await
+            EtcdBackend::connect(EtcdConfig::new(etcd.endpoints.clone())).await
         }
     })
 }
