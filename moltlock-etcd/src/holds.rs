@@ -8,8 +8,11 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use moltlock_core::{CasOutcome, Error, Fence, Held, LockKey, Token};
 
 use crate::core::Core;
-use crate::error::{call, is_lease_not_found, map, NAME};
+use crate::error::{is_lease_not_found, map, NAME};
 use crate::txn::{fence, first_kv, header_revision, held, offset_in};
+
+/// How many times a fence raise re-reads after losing a race to another.
+const RAISE_TRIES: u32 = 16;
 
 impl Core {
     /// `Txn(if create_revision(key) == 0 then put(key, token, lease) else get(key))`,
@@ -200,17 +203,39 @@ impl Core {
     /// Lifts the key's fence offset so that `create revision + offset`
     /// exceeds `floor` for every later hold: revisions only grow and the
     /// offset never shrinks.
-    pub(crate) async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
-        let (revision, offset) = self.read_offset(key).await?;
-        let floor = i64::try_from(floor.get())
-            .map_err(|_| Error::Config(format!("fence floor {floor} exceeds etcd's revisions")))?;
-        let needed = floor.saturating_sub(revision);
-        if needed <= offset {
-            return Ok(());
+    pub(crate) async fn raise_fence(&self, key: &LockKey, minimum: Fence) -> Result<(), Error> {
+        let minimum = i64::try_from(minimum.get()).map_err(|_| {
+            Error::config(format!("fence minimum {minimum} exceeds etcd's revisions"))
+        })?;
+        let offset_key = self.keys.offset(key);
+        for _ in 0..RAISE_TRIES {
+            let resp = self.io.get(offset_key.clone(), None).await?;
+            let revision = resp.header().map_or(0, |h| h.revision());
+            let stored = resp.kvs().first();
+            let offset = stored.map_or(0, |kv| crate::txn::parse_offset(kv.value()));
+            let needed = minimum.saturating_sub(revision);
+            if needed <= offset {
+                return Ok(());
+            }
+            // Written only if no other raise wrote since the read, so a
+            // raise that lands late (its caller gave up on it) can never
+            // lower an offset a later raise set.
+            let seen = stored.map_or(0, |kv| kv.mod_revision());
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    offset_key.clone(),
+                    CompareOp::Equal,
+                    seen,
+                )])
+                .and_then([TxnOp::put(offset_key.clone(), needed.to_string(), None)]);
+            if self.io.txn(txn).await.map_err(map)?.succeeded() {
+                return Ok(());
+            }
         }
-        let mut client = self.io.client.clone();
-        let put = client.put(self.keys.offset(key), needed.to_string(), None);
-        call("put", self.io.timeout, put).await?;
-        Ok(())
+        Err(Error::store(
+            NAME,
+            format!("raising the fence of {key:?} lost {RAISE_TRIES} races in a row"),
+            true,
+        ))
     }
 }

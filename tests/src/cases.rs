@@ -118,6 +118,7 @@ macro_rules! __cases {
             raise_fence: [
                 raise_fence_lifts_later_fences: "5 fencing",
                 raise_fence_is_a_max: "5 fencing",
+                racing_raises_keep_the_largest: "5 fencing",
             ],
             describe: [
                 descriptions_belong_to_their_hold: "2 owner checks",

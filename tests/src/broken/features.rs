@@ -268,6 +268,12 @@ impl Describe for Flawed {
 #[async_trait]
 impl RaiseFence for Flawed {
     async fn raise_fence(&self, _key: &LockKey, minimum: Fence) -> Result<(), Error> {
+        if self.has(Flaw::RaiseFenceReadThenWrite) {
+            let read = self.store().fence;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.store().fence = read.max(minimum.get());
+            return Ok(());
+        }
         let mut st = self.store();
         st.fence = if self.has(Flaw::RaiseFenceSets) {
             minimum.get()

@@ -74,6 +74,9 @@ pub enum Flaw {
     FairFenceSeparate,
     /// `raise_fence` sets the fence counter to the minimum (can lower it).
     RaiseFenceSets,
+    /// `raise_fence` reads the counter, waits, then writes the larger of
+    /// what it read and its minimum: racing raises lose updates.
+    RaiseFenceReadThenWrite,
     /// Tokens are compared by their first 8 characters.
     TokenPrefixCompare,
     /// Tokens are compared ignoring ASCII case.
@@ -129,6 +132,7 @@ impl Flaw {
         Flaw::FairKeepsDroppedPlace,
         Flaw::FairFenceSeparate,
         Flaw::RaiseFenceSets,
+        Flaw::RaiseFenceReadThenWrite,
         Flaw::TokenPrefixCompare,
         Flaw::TokenCaseInsensitive,
         Flaw::KeyCaseInsensitive,
