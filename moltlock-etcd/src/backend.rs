@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use etcd_client::Client;
 use moltlock_core::{
-    async_trait, Backend, CasOutcome, Describe, Error, FairQueue, Fence, HolderInfo, Inspect,
-    Limits, LockKey, RaiseFence, ReleaseWatch, RenewItem, RenewMany, Token, Watch,
+    async_trait, hand_out, Backend, CasOutcome, Describe, Error, FairQueue, Fence, HolderInfo,
+    Inspect, Limits, LockKey, RaiseFence, ReleaseWatch, RenewItem, RenewMany, Token, Watch,
 };
 use tokio::time::Instant;
 
@@ -189,29 +189,7 @@ impl Backend for EtcdBackend {
         self.core.session.bound(ttl, sent_at)
     }
 
-    fn watcher(&self) -> Option<&dyn Watch> {
-        Some(self)
-    }
-
-    fn inspector(&self) -> Option<&dyn Inspect> {
-        Some(self)
-    }
-
-    fn renewer(&self) -> Option<&dyn RenewMany> {
-        Some(self)
-    }
-
-    fn describer(&self) -> Option<&dyn Describe> {
-        Some(self)
-    }
-
-    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
-        Some(self)
-    }
-
-    fn fair_queue(&self) -> Option<&dyn FairQueue> {
-        Some(self)
-    }
+    hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence, FairQueue);
 }
 
 #[async_trait]

@@ -118,29 +118,7 @@ impl Backend for Flawed {
         "flawed"
     }
 
-    fn watcher(&self) -> Option<&dyn Watch> {
-        Some(self)
-    }
-
-    fn inspector(&self) -> Option<&dyn Inspect> {
-        Some(self)
-    }
-
-    fn renewer(&self) -> Option<&dyn RenewMany> {
-        Some(self)
-    }
-
-    fn describer(&self) -> Option<&dyn Describe> {
-        Some(self)
-    }
-
-    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
-        Some(self)
-    }
-
-    fn fair_queue(&self) -> Option<&dyn FairQueue> {
-        Some(self)
-    }
+    moltlock_core::hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence, FairQueue);
 }
 
 #[async_trait]
