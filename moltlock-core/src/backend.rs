@@ -90,6 +90,12 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// Expiry must be judged by one clock (the store's), and a fresh
     /// acquisition's fence must exceed every earlier fence of the key.
+    ///
+    /// # Cancel safety
+    /// A dropped call may still take effect in the store, for up to
+    /// [`Limits::late_write`] after it was dropped; the manager then deletes
+    /// the hold by its token until that bound has passed. A backend must
+    /// never let a dropped call take effect under another token.
     async fn cas(
         &self,
         key: &LockKey,
@@ -100,6 +106,11 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Atomically remove the key only if `owner` holds it. Returns whether it
     /// did. Must never remove another owner's hold.
+    ///
+    /// # Cancel safety
+    /// A dropped call may or may not have deleted the hold; deleting again
+    /// is harmless (it answers `false`), and another owner's hold is never
+    /// touched.
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error>;
 
     /// A short name for errors, logs and metric labels.

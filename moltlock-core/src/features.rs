@@ -17,8 +17,9 @@ pub trait ReleaseWatch: Send {
     /// Resolves once the key may have been released since the attempt that
     /// saw `held`. Spurious wake-ups are allowed; missed ones are not.
     ///
-    /// Cancel safe: dropping the future loses nothing; the next call still
-    /// sees a release that happened meanwhile.
+    /// # Cancel safety
+    /// Dropping the future loses nothing; the next call still sees a
+    /// release that happened meanwhile.
     async fn released(&mut self, held: &Held) -> Result<(), Error>;
 }
 

@@ -13,6 +13,10 @@ use crate::{Backend, Error, Fence, Limits, LockKey, StoreClock, Token};
 
 /// Renews each item with its own owner-checked `cas`: what the manager does
 /// when a backend has no [`RenewMany`].
+///
+/// # Cancel safety
+/// Dropping the future leaves the items renewed so far renewed and the
+/// rest as they were.
 pub async fn renew_each<B: Backend + ?Sized>(
     backend: &B,
     items: &[RenewItem],
@@ -64,6 +68,9 @@ pub trait Forward: Send + Sync + 'static {
     fn inner(&self) -> &Self::Inner;
 
     /// As [`Backend::cas`]; forwards by default.
+    ///
+    /// # Cancel safety
+    /// That of the inner backend's `cas`.
     async fn cas(
         &self,
         key: &LockKey,
@@ -75,6 +82,9 @@ pub trait Forward: Send + Sync + 'static {
     }
 
     /// As [`Backend::delete`]; forwards by default.
+    ///
+    /// # Cancel safety
+    /// That of the inner backend's `delete`.
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
         self.inner().delete(key, owner).await
     }
@@ -306,6 +316,9 @@ pub fn require<'a, T: ?Sized>(
 /// out, each failing with [`Error::Unsupported`] where the backend has
 /// none: for callers that need one feature and would report its absence
 /// anyway (`moltlock status` lists holds with it).
+///
+/// # Cancel safety
+/// Each method is as cancel safe as the extension method it calls.
 #[async_trait]
 pub trait BackendExt: Backend {
     /// [`Watch::watch`].
@@ -371,3 +384,70 @@ pub trait BackendExt: Backend {
 }
 
 impl<B: Backend + ?Sized> BackendExt for B {}
+
+/// Hands out the named extensions from a backend that implements them
+/// itself: inside `impl Backend for MyStore`, `hand_out!(Watch, Inspect)`
+/// writes `fn watcher(&self) -> Option<&dyn Watch> { Some(self) }` and the
+/// same for each extension named (`Watch`, `Inspect`, `RenewMany`,
+/// `Describe`, `RaiseFence`, `FairQueue`).
+///
+/// ```
+/// use std::time::Duration;
+/// use moltlock_core::{async_trait, hand_out, Backend, CasOutcome, Error, Fence, LockKey, RaiseFence, Token};
+///
+/// struct Store(moltlock_core::MemoryBackend);
+///
+/// #[async_trait]
+/// impl Backend for Store {
+///     async fn cas(&self, key: &LockKey, expected: Option<&Token>, new: &Token, ttl: Duration)
+///         -> Result<CasOutcome, Error> { self.0.cas(key, expected, new, ttl).await }
+///     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+///         self.0.delete(key, owner).await
+///     }
+///     hand_out!(RaiseFence);
+/// }
+///
+/// #[async_trait]
+/// impl RaiseFence for Store {
+///     async fn raise_fence(&self, key: &LockKey, minimum: Fence) -> Result<(), Error> {
+///         moltlock_core::BackendExt::raise_fence(&self.0, key, minimum).await
+///     }
+/// }
+/// # assert!(Store(moltlock_core::MemoryBackend::new()).fence_raiser().is_some());
+/// ```
+#[macro_export]
+macro_rules! hand_out {
+    ($($extension:ident),+ $(,)?) => {
+        $( $crate::hand_out!(@one $extension); )+
+    };
+    (@one Watch) => {
+        fn watcher(&self) -> ::core::option::Option<&dyn $crate::Watch> {
+            ::core::option::Option::Some(self)
+        }
+    };
+    (@one Inspect) => {
+        fn inspector(&self) -> ::core::option::Option<&dyn $crate::Inspect> {
+            ::core::option::Option::Some(self)
+        }
+    };
+    (@one RenewMany) => {
+        fn renewer(&self) -> ::core::option::Option<&dyn $crate::RenewMany> {
+            ::core::option::Option::Some(self)
+        }
+    };
+    (@one Describe) => {
+        fn describer(&self) -> ::core::option::Option<&dyn $crate::Describe> {
+            ::core::option::Option::Some(self)
+        }
+    };
+    (@one RaiseFence) => {
+        fn fence_raiser(&self) -> ::core::option::Option<&dyn $crate::RaiseFence> {
+            ::core::option::Option::Some(self)
+        }
+    };
+    (@one FairQueue) => {
+        fn fair_queue(&self) -> ::core::option::Option<&dyn $crate::FairQueue> {
+            ::core::option::Option::Some(self)
+        }
+    };
+}

@@ -15,6 +15,7 @@ use crate::{Error, Fence, LockKey, LostReason, Token};
 /// [`release`](Self::release), or drop it for a best-effort release in the
 /// background.
 #[must_use = "dropping the guard releases the lock at once"]
+#[clippy::has_significant_drop]
 pub struct LockGuard {
     inner: Arc<Inner>,
     hold: Arc<Hold>,
@@ -95,7 +96,8 @@ impl LockGuard {
     /// validity deadline passed without a confirmed renewal (fired by a timer,
     /// even while a renewal request hangs).
     ///
-    /// Cancel safe: it only observes.
+    /// # Cancel safety
+    /// Cancel safe: it only observes; call it again to keep waiting.
     pub async fn lost(&self) -> LostReason {
         let mut rx = self.hold.state.subscribe();
         loop {
@@ -116,10 +118,11 @@ impl LockGuard {
 
     /// Stops renewal and deletes the hold (owner-checked).
     ///
-    /// Cancel safe in effect: if the future is dropped before the store
-    /// answers, the hold is still removed from renewal and lives at most
-    /// until its TTL (for lease-based stores such as etcd, until the
-    /// backend's own retry of the release, or the end of its session).
+    /// # Cancel safety
+    /// If the future is dropped before the store answers, the hold is still
+    /// removed from renewal, so it lives at most until its TTL (for
+    /// lease-based stores such as etcd, until the backend's own retry of
+    /// the release, or the end of its session).
     ///
     /// # Errors
     /// [`Error::NotHeld`] when the store no longer had this hold (it expired

@@ -130,17 +130,23 @@ impl LockManager {
 
     /// Waits until `key` is acquired.
     ///
-    /// Cancel safe: dropping the future at any point leaves no hold behind
-    /// that nobody can release. If it is dropped while an acquire request is
-    /// in flight, a best-effort owner-checked delete is spawned; without a
-    /// runtime to run it, the hold lives only until its TTL.
+    /// # Cancel safety
+    /// Dropping the future at any point leaves no hold behind that nobody
+    /// can release. If it is dropped while an acquire request is in flight,
+    /// an owner-checked delete is spawned and repeated until the backend's
+    /// late-write bound has passed; it runs on the runtime the manager
+    /// first acquired on, so it runs even when the future is dropped off a
+    /// runtime.
     pub async fn lock(&self, key: impl AsRef<str>) -> Result<LockGuard, Error> {
         let guard = self.acquire(key, LockOptions::new()).await?;
         guard.ok_or_else(|| Error::store(self.inner.backend.name(), "no hold returned", false))
     }
 
     /// Waits at most `timeout` for `key`, then fails with [`Error::Timeout`].
-    /// Cancel safe, as [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock); a timeout is a drop of the attempt in flight
+    /// and is cleaned up the same way.
     pub async fn lock_timeout(
         &self,
         key: impl AsRef<str>,
@@ -153,13 +159,20 @@ impl LockManager {
     }
 
     /// One attempt: the guard, or `None` when `key` is held elsewhere.
-    /// Cancel safe, as [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
     pub async fn try_lock(&self, key: impl AsRef<str>) -> Result<Option<LockGuard>, Error> {
         self.acquire(key, LockOptions::new().no_wait()).await
     }
 
     /// Acquires `key` with explicit options. Returns `None` only with
-    /// [`LockOptions::no_wait`]. Cancel safe, as [`lock`](Self::lock).
+    /// [`LockOptions::no_wait`].
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock). A fair acquisition dropped while it waits
+    /// leaves the backend's queue (the [`FairQueue`](crate::FairQueue)
+    /// contract), and a grant that lands as it is dropped is deleted.
     pub async fn acquire(
         &self,
         key: impl AsRef<str>,

@@ -109,25 +109,7 @@ impl Backend for MemoryBackend {
         "memory"
     }
 
-    fn watcher(&self) -> Option<&dyn Watch> {
-        Some(self)
-    }
-
-    fn inspector(&self) -> Option<&dyn Inspect> {
-        Some(self)
-    }
-
-    fn renewer(&self) -> Option<&dyn RenewMany> {
-        Some(self)
-    }
-
-    fn describer(&self) -> Option<&dyn Describe> {
-        Some(self)
-    }
-
-    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
-        Some(self)
-    }
+    crate::hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence);
 }
 
 #[async_trait]

@@ -34,6 +34,7 @@ pub fn pending_cleanups() -> usize {
 /// until their TTL). Each release is itself bounded by the manager's
 /// release timeout.
 ///
+/// # Cancel safety
 /// Cancel safe: it only observes.
 pub async fn wait_for_cleanups(limit: Duration) -> bool {
     let until = tokio::time::Instant::now() + limit;

@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use moltlock_core::{
-    async_trait, Backend, BackendExt, CasOutcome, Error, FairQueue, Fence, Forward, Limits,
-    LockKey, LockManager, MemoryBackend, MigratingBackend, Phase, RenewItem, RenewMany, Token,
+    async_trait, hand_out, Backend, BackendExt, CasOutcome, Error, FairQueue, Fence, Forward,
+    Limits, LockKey, LockManager, MemoryBackend, MigratingBackend, Phase, RenewItem, RenewMany,
+    Token,
 };
 use tokio::time::{sleep, Instant};
 
@@ -91,9 +92,7 @@ impl Backend for SlowFair {
         self.store.delete(key, owner).await
     }
 
-    fn fair_queue(&self) -> Option<&dyn FairQueue> {
-        Some(self)
-    }
+    hand_out!(FairQueue);
 }
 
 #[async_trait]
@@ -173,9 +172,7 @@ impl Backend for Hanging {
         self.store.delete(key, owner).await
     }
 
-    fn renewer(&self) -> Option<&dyn RenewMany> {
-        Some(self)
-    }
+    hand_out!(RenewMany);
 }
 
 #[async_trait]

@@ -1,13 +1,14 @@
 //! Connection settings: endpoints, key prefix, session TTL, auth, TLS and
-//! timeouts. Built with [`EtcdConfig::builder`] or parsed by
-//! [`EtcdConfig::from_url`]. Passwords and private keys never appear in
-//! `Debug` output.
+//! timeouts. Built with [`EtcdConfig::new`] and its setters or parsed by
+//! [`EtcdConfig::from_url`] (in `url.rs`); checked when the backend
+//! connects. Passwords and private keys never appear in `Debug` output.
 
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use moltlock_core::Error;
+use etcd_client::ConnectOptions;
+use moltlock_core::{Error, Secret};
 
 /// The default key prefix under which every lock lives.
 pub const DEFAULT_PREFIX: &str = "/moltlock/";
@@ -64,143 +65,72 @@ impl fmt::Debug for TlsSettings {
     }
 }
 
-/// How to reach etcd and where to keep locks.
-#[derive(Clone)]
+/// How to reach etcd and where to keep locks: `EtcdConfig::new(endpoints)`
+/// or [`from_url`](Self::from_url), then setters that take and return the
+/// configuration. `EtcdBackend::connect` checks it.
+///
+/// ```
+/// use std::time::Duration;
+/// use moltlock_etcd::EtcdConfig;
+///
+/// let config = EtcdConfig::new(["127.0.0.1:2379"])
+///     .key_prefix("/jobs/locks")
+///     .connect_timeout(Duration::from_secs(2))
+///     .auth("app", "s3cret");
+/// assert!(!format!("{config:?}").contains("s3cret"));
+/// ```
+#[derive(Clone, Debug)]
 pub struct EtcdConfig {
     pub(crate) endpoints: Vec<String>,
-    pub(crate) prefix: String,
+    pub(crate) key_prefix: String,
     pub(crate) session_ttl: Duration,
-    pub(crate) user: Option<(String, String)>,
+    pub(crate) user: Option<(String, Secret)>,
     pub(crate) tls: Option<TlsSettings>,
-    pub(crate) dial_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     pub(crate) request_timeout: Duration,
 }
 
-impl fmt::Debug for EtcdConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdConfig")
-            .field("endpoints", &self.endpoints)
-            .field("prefix", &self.prefix)
-            .field("session_ttl", &self.session_ttl)
-            .field("user", &self.user.as_ref().map(|(u, _)| u))
-            .field("password", &self.user.as_ref().map(|_| "<redacted>"))
-            .field("tls", &self.tls)
-            .field("dial_timeout", &self.dial_timeout)
-            .field("request_timeout", &self.request_timeout)
-            .finish()
+impl Default for EtcdConfig {
+    /// No endpoints (enough for `EtcdBackend::from_client`, which does not
+    /// dial) and every other setting at its default.
+    fn default() -> Self {
+        Self::new(Vec::<String>::new())
     }
 }
 
 impl EtcdConfig {
-    /// A builder with the given endpoints (`host:port`, `http://host:port` or
-    /// `https://host:port`).
-    pub fn builder<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> EtcdConfigBuilder {
-        EtcdConfigBuilder {
-            cfg: Self {
-                endpoints: endpoints.into_iter().map(Into::into).collect(),
-                prefix: DEFAULT_PREFIX.to_owned(),
-                session_ttl: MIN_SESSION_TTL,
-                user: None,
-                tls: None,
-                dial_timeout: Duration::from_secs(5),
-                request_timeout: Duration::from_secs(5),
-            },
+    /// A configuration with the given endpoints (`host:port`,
+    /// `http://host:port` or `https://host:port`) and every other setting
+    /// at its default.
+    pub fn new<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> Self {
+        Self {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            key_prefix: DEFAULT_PREFIX.to_owned(),
+            session_ttl: MIN_SESSION_TTL,
+            user: None,
+            tls: None,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
         }
     }
 
-    /// Parses `etcd://[user:password@]host:port[,host:port…][/prefix][?options]`
-    /// (or `etcds://` for TLS). Options: `ca`, `cert`, `key` (PEM file paths),
-    /// `domain` (the name to check the server certificate against),
-    /// `session_ttl`, `dial_timeout`, `request_timeout` (whole seconds or
-    /// with an `ms` suffix). User and password may be percent-encoded.
-    ///
-    /// # Errors
-    /// [`Error::Config`] when the URL does not have this shape.
-    pub fn from_url(url: &str) -> Result<Self, Error> {
-        crate::url::parse(url)
-    }
-
-    /// The endpoints.
-    pub fn endpoints(&self) -> &[String] {
-        &self.endpoints
-    }
-
-    /// The key prefix (always ending in `/`).
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// The shortest lease this backend grants.
-    pub fn session_ttl(&self) -> Duration {
-        self.session_ttl
-    }
-
-    /// The user name, if auth is configured.
-    pub fn user(&self) -> Option<&str> {
-        self.user.as_ref().map(|(u, _)| u.as_str())
-    }
-
-    /// Whether TLS is configured.
-    pub fn uses_tls(&self) -> bool {
-        self.tls.is_some()
-    }
-
-    /// The timeout for connecting.
-    pub fn dial_timeout(&self) -> Duration {
-        self.dial_timeout
-    }
-
-    /// The timeout of every unary request.
-    pub fn request_timeout(&self) -> Duration {
-        self.request_timeout
-    }
-
-    pub(crate) fn validate(&self) -> Result<(), Error> {
-        if self.endpoints.is_empty() || self.endpoints.iter().any(|e| e.trim().is_empty()) {
-            return Err(Error::Config("etcd: no endpoints given".into()));
-        }
-        if self.prefix.chars().any(char::is_control) {
-            return Err(Error::Config(
-                "etcd: the key prefix contains a control character".into(),
-            ));
-        }
-        if self.dial_timeout.is_zero() || self.request_timeout.is_zero() {
-            return Err(Error::Config("etcd: timeouts must be above zero".into()));
-        }
-        if self.session_ttl < MIN_SESSION_TTL || self.session_ttl > moltlock_core::MAX_TTL {
-            return Err(Error::Config(format!(
-                "etcd: the session TTL must be between {MIN_SESSION_TTL:?} and {:?}",
-                moltlock_core::MAX_TTL
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// Builds an [`EtcdConfig`].
-#[derive(Clone, Debug)]
-pub struct EtcdConfigBuilder {
-    cfg: EtcdConfig,
-}
-
-impl EtcdConfigBuilder {
     /// The prefix under which lock keys live (default `/moltlock/`); a
     /// trailing `/` is added when missing.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.cfg.prefix = normalize_prefix(prefix.into());
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = normalize_prefix(prefix.into());
         self
     }
 
     /// The shortest lease to grant (default and floor: 2 s, etcd's own
     /// floor). Holds with shorter TTLs are refused as invalid.
     pub fn session_ttl(mut self, ttl: Duration) -> Self {
-        self.cfg.session_ttl = ttl;
+        self.session_ttl = ttl;
         self
     }
 
     /// Authenticate as `user` with `password`.
     pub fn auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
-        self.cfg.user = Some((user.into(), password.into()));
+        self.user = Some((user.into(), Secret::new(password)));
         self
     }
 
@@ -242,33 +172,88 @@ impl EtcdConfigBuilder {
     }
 
     /// How long connecting may take (default 5 s).
-    pub fn dial_timeout(mut self, timeout: Duration) -> Self {
-        self.cfg.dial_timeout = timeout;
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
         self
     }
 
     /// How long each request may take (default 5 s).
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
-        self.cfg.request_timeout = timeout;
+        self.request_timeout = timeout;
         self
     }
 
-    /// Checks the settings and returns the configuration.
-    ///
-    /// # Errors
-    /// [`Error::Config`] for no endpoints, a prefix with control characters,
-    /// zero timeouts, or a session TTL below 2 s.
-    pub fn build(self) -> Result<EtcdConfig, Error> {
-        self.cfg.validate()?;
-        Ok(self.cfg)
+    /// The endpoints.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// The user name, if auth is configured.
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_ref().map(|(u, _)| u.as_str())
+    }
+
+    /// Whether TLS is configured.
+    pub fn uses_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     fn tls_mut(&mut self) -> &mut TlsSettings {
-        self.cfg.tls.get_or_insert_with(TlsSettings::default)
+        self.tls.get_or_insert_with(TlsSettings::default)
+    }
+
+    /// Checks everything but the endpoints (all a backend over an existing
+    /// client uses): a prefix without control characters, timeouts above
+    /// zero, a session TTL from 2 s to [`MAX_TTL`](moltlock_core::MAX_TTL).
+    pub(crate) fn validate_session(&self) -> Result<(), Error> {
+        if self.key_prefix.chars().any(char::is_control) {
+            return Err(Error::Config(
+                "etcd: the key prefix contains a control character".into(),
+            ));
+        }
+        if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
+            return Err(Error::Config("etcd: timeouts must be above zero".into()));
+        }
+        if self.session_ttl < MIN_SESSION_TTL || self.session_ttl > moltlock_core::MAX_TTL {
+            return Err(Error::Config(format!(
+                "etcd: the session TTL must be between {MIN_SESSION_TTL:?} and {:?}",
+                moltlock_core::MAX_TTL
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks the settings and turns them into the client's options.
+    pub(crate) fn connect_options(&self) -> Result<ConnectOptions, Error> {
+        if self.endpoints.is_empty() || self.endpoints.iter().any(|e| e.trim().is_empty()) {
+            return Err(Error::Config("etcd: no endpoints given".into()));
+        }
+        self.validate_session()?;
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(self.connect_timeout)
+            .with_keep_alive(Duration::from_secs(2), self.connect_timeout)
+            .with_require_leader(true);
+        if let Some((user, pass)) = &self.user {
+            opts = opts.with_user(user.clone(), pass.expose());
+        }
+        if let Some(tls) = &self.tls {
+            let mut t = etcd_client::TlsOptions::new();
+            if let Some(ca) = &tls.ca {
+                t = t.ca_certificate(etcd_client::Certificate::from_pem(ca.load()?));
+            }
+            if let Some((cert, key)) = &tls.client {
+                t = t.identity(etcd_client::Identity::from_pem(cert.load()?, key.load()?));
+            }
+            if let Some(d) = &tls.domain {
+                t = t.domain_name(d.clone());
+            }
+            opts = opts.with_tls(t);
+        }
+        Ok(opts)
     }
 }
 
-/// Adds a trailing `/` to a non-empty prefix that lacks one.
+/// Adds a trailing `/` to a prefix that lacks one.
 pub(crate) fn normalize_prefix(mut prefix: String) -> String {
     if !prefix.ends_with('/') {
         prefix.push('/');

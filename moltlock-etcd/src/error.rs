@@ -8,6 +8,10 @@
 //! | request too large, too many operations in a Txn | [`Error::Store`], not retryable |
 //! | a bad endpoint or URI | [`Error::Config`] |
 //! | anything else | [`Error::Store`], not retryable |
+//!
+//! `Unavailable`, `Auth` and `Store` errors keep the client's
+//! `etcd_client::Error` as their [`source`](std::error::Error::source), for
+//! callers that downcast to it; their messages are redacted.
 
 use moltlock_core::Error;
 use tonic::Code;
@@ -26,11 +30,13 @@ pub(crate) fn is_lease_not_found(e: &etcd_client::Error) -> bool {
     }
 }
 
-/// Maps an etcd client error into core's error.
+/// Maps an etcd client error into core's error, keeping it as the
+/// error's [`source`](std::error::Error::source) (`Config` errors, which
+/// have none, keep only its message).
 pub(crate) fn map(e: etcd_client::Error) -> Error {
     use etcd_client::Error as E;
-    match e {
-        E::GRpcStatus(s) => map_status(&s),
+    let mapped = match &e {
+        E::GRpcStatus(s) => map_status(s),
         E::TransportError(t) => Error::unavailable(NAME, format!("transport error: {t}")),
         E::IoError(io) => Error::unavailable(NAME, format!("i/o error: {io}")),
         E::WatchError(m) => Error::unavailable(NAME, format!("watch failed: {m}")),
@@ -38,11 +44,12 @@ pub(crate) fn map(e: etcd_client::Error) -> Error {
             Error::store(NAME, "the session lease is gone (lease not found)", true)
         }
         E::LeaseKeepAliveError(m) => Error::unavailable(NAME, format!("lease keep-alive: {m}")),
-        E::InvalidArgs(m) => Error::Config(format!("etcd: {m}")),
-        E::InvalidUri(u) => Error::Config(format!("etcd: invalid endpoint: {u}")),
-        E::EndpointError(m) => Error::Config(format!("etcd: endpoint: {m}")),
+        E::InvalidArgs(m) => Error::config(format!("etcd: {m}")),
+        E::InvalidUri(u) => Error::config(format!("etcd: invalid endpoint: {u}")),
+        E::EndpointError(m) => Error::config(format!("etcd: endpoint: {m}")),
         other => Error::store(NAME, other, false),
-    }
+    };
+    mapped.with_source(e)
 }
 
 fn map_status(s: &tonic::Status) -> Error {
@@ -146,5 +153,18 @@ mod tests {
         assert!(map(e).is_retryable());
         let leader = tonic::Status::unknown("etcdserver: leader changed");
         assert!(map(etcd_client::Error::GRpcStatus(leader)).is_retryable());
+    }
+
+    #[test]
+    fn the_client_error_is_the_source() {
+        let e = map(etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+            "down",
+        )));
+        let source =
+            std::error::Error::source(&e).and_then(|s| s.downcast_ref::<etcd_client::Error>());
+        assert!(
+            matches!(source, Some(etcd_client::Error::GRpcStatus(s)) if s.message() == "down"),
+            "{e:?}"
+        );
     }
 }

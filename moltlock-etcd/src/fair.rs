@@ -18,8 +18,9 @@ use std::time::Duration;
 use etcd_client::{GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 use moltlock_core::{CasOutcome, Error, Fence, LockKey, Token};
 
-use crate::backend::Shared;
-use crate::error::{call, is_lease_not_found, map};
+use crate::core::Core;
+use crate::error::{is_lease_not_found, map};
+use crate::txn::header_revision;
 use crate::watch::{next_event, Wake};
 
 /// Pause after a retryable failure while waiting in the queue.
@@ -27,18 +28,18 @@ const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// Waits in the queue for `key`, then holds it as `token`.
 pub(crate) async fn acquire(
-    shared: &Arc<Shared>,
+    core: &Arc<Core>,
     key: &LockKey,
     token: &Token,
     ttl: Duration,
 ) -> Result<Fence, Error> {
     let mut guard = EntryGuard {
-        shared: shared.clone(),
-        entry: Some(shared.queue_entry(key, token)),
+        core: core.clone(),
+        entry: Some(core.keys.queue_entry(key, token)),
     };
-    let mut my_rev = enqueue(shared, key, token, ttl).await?;
+    let mut my_rev = enqueue(core, key, token, ttl).await?;
     loop {
-        match step(shared, key, token, ttl, my_rev).await {
+        match step(core, key, token, ttl, my_rev).await {
             Ok(Some(fence)) => {
                 guard.entry = None;
                 return Ok(fence);
@@ -50,42 +51,41 @@ pub(crate) async fn acquire(
             }
             Err(e) => return Err(e),
         }
-        my_rev = keep_place(shared, key, token, ttl, my_rev).await?;
+        my_rev = keep_place(core, key, token, ttl, my_rev).await?;
     }
 }
 
 /// One look at the queue: take the key if we are the head and it is free,
 /// otherwise wait for the one event that concerns us (or a refresh period).
 async fn step(
-    shared: &Shared,
+    core: &Core,
     key: &LockKey,
     token: &Token,
     ttl: Duration,
     my_rev: i64,
 ) -> Result<Option<Fence>, Error> {
-    let period = shared.session.secs_for(ttl);
+    let period = core.session.secs_for(ttl);
     let period = Duration::from_secs(period) / 3;
-    if let Some((pred, seen)) = predecessor(shared, key, my_rev).await? {
-        wait(shared, &pred, seen + 1, period).await?;
+    if let Some((pred, seen)) = predecessor(core, key, my_rev).await? {
+        wait(core, &pred, seen + 1, period).await?;
         return Ok(None);
     }
-    match shared.create(key, token, ttl).await? {
+    match core.create(key, token, ttl).await? {
         CasOutcome::Acquired { fence } => Ok(Some(fence)),
         CasOutcome::Held(h) => {
             let seen = h.revision.and_then(|r| i64::try_from(r).ok()).unwrap_or(0);
-            wait(shared, &shared.full_key(key), seen + 1, period).await?;
+            wait(core, &core.keys.lock(key), seen + 1, period).await?;
             Ok(None)
         }
     }
 }
 
 /// Watches `key` from `from` for at most `period`.
-async fn wait(shared: &Shared, key: &[u8], from: i64, period: Duration) -> Result<(), Error> {
-    let watch = next_event(&shared.watches, key, from);
+async fn wait(core: &Core, key: &[u8], from: i64, period: Duration) -> Result<(), Error> {
+    let watch = next_event(&core.watches, key, from);
     match tokio::time::timeout(period, watch).await {
         Ok(Ok(Wake::Event)) => {
-            shared
-                .wakeups
+            core.wakeups
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Ok(())
         }
@@ -95,32 +95,23 @@ async fn wait(shared: &Shared, key: &[u8], from: i64, period: Duration) -> Resul
 }
 
 /// Puts our queue entry on the session lease; returns its create revision.
-async fn enqueue(
-    shared: &Shared,
-    key: &LockKey,
-    token: &Token,
-    ttl: Duration,
-) -> Result<i64, Error> {
-    let entry = shared.queue_entry(key, token);
+async fn enqueue(core: &Core, key: &LockKey, token: &Token, ttl: Duration) -> Result<i64, Error> {
+    let entry = core.keys.queue_entry(key, token);
     let mut retried = false;
     loop {
-        let lease = shared.session.lease_for(ttl).await?;
+        let lease = core.session.lease_for(ttl).await?;
         let put = TxnOp::put(
             entry.clone(),
             token.as_str(),
             Some(PutOptions::new().with_lease(lease.id)),
         );
-        match shared.txn(Txn::new().and_then([put])).await {
+        match core.io.txn(Txn::new().and_then([put])).await {
             Err(e) if is_lease_not_found(&e) && !retried => {
-                shared.session.forget(lease.id);
+                core.session.forget(lease.id);
                 retried = true;
             }
             Err(e) => return Err(map(e)),
-            Ok(resp) => {
-                return resp.header().map(|h| h.revision()).ok_or_else(|| {
-                    Error::store(crate::error::NAME, "a put answer had no header", true)
-                })
-            }
+            Ok(resp) => return header_revision(&resp),
         }
     }
 }
@@ -128,7 +119,7 @@ async fn enqueue(
 /// The entry just before ours (highest create revision below `my_rev`) and
 /// the header revision of the read that found it.
 async fn predecessor(
-    shared: &Shared,
+    core: &Core,
     key: &LockKey,
     my_rev: i64,
 ) -> Result<Option<(Vec<u8>, i64)>, Error> {
@@ -138,13 +129,7 @@ async fn predecessor(
         .with_sort(SortTarget::Create, SortOrder::Descend)
         .with_limit(1)
         .with_keys_only();
-    let mut client = shared.client.clone();
-    let resp = call(
-        "queue read",
-        shared.timeout,
-        client.get(shared.queue_prefix(key), Some(opts)),
-    )
-    .await?;
+    let resp = core.io.get(core.keys.queue(key), Some(opts)).await?;
     let seen = resp.header().map_or(0, |h| h.revision());
     Ok(resp.kvs().first().map(|kv| (kv.key().to_vec(), seen)))
 }
@@ -152,16 +137,14 @@ async fn predecessor(
 /// Keeps the session lease fresh while we wait, and puts our entry back
 /// (at the end of the queue) if it vanished with a lost lease.
 async fn keep_place(
-    shared: &Shared,
+    core: &Core,
     key: &LockKey,
     token: &Token,
     ttl: Duration,
     my_rev: i64,
 ) -> Result<i64, Error> {
-    shared.session.lease_for(ttl).await?;
-    let mut client = shared.client.clone();
-    let entry = shared.queue_entry(key, token);
-    let resp = call("queue read", shared.timeout, client.get(entry, None)).await?;
+    core.session.lease_for(ttl).await?;
+    let resp = core.io.get(core.keys.queue_entry(key, token), None).await?;
     if resp
         .kvs()
         .first()
@@ -170,12 +153,12 @@ async fn keep_place(
         return Ok(my_rev);
     }
     tracing::warn!(%key, "the fair-queue entry vanished with its lease; queueing again");
-    enqueue(shared, key, token, ttl).await
+    enqueue(core, key, token, ttl).await
 }
 
 /// Removes the queue entry of a fair acquire that was dropped or failed.
 struct EntryGuard {
-    shared: Arc<Shared>,
+    core: Arc<Core>,
     entry: Option<Vec<u8>>,
 }
 
@@ -187,10 +170,10 @@ impl Drop for EntryGuard {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let shared = self.shared.clone();
+        let core = self.core.clone();
         handle.spawn(async move {
             let del = Txn::new().and_then([TxnOp::delete(entry, None)]);
-            if let Err(e) = shared.txn(del).await {
+            if let Err(e) = core.io.txn(del).await {
                 tracing::debug!(error = %e, "could not remove a fair-queue entry; it lives until its lease ends");
             }
         });

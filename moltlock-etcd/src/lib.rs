@@ -15,13 +15,32 @@
 //! # }
 //! ```
 //!
+//! # Configuration
+//!
+//! [`EtcdConfig::from_url`] or [`EtcdConfig::new`] plus setters (`key_prefix`,
+//! `connect_timeout`, `request_timeout`, `session_ttl`, `auth`, `tls_*`),
+//! then [`EtcdBackend::connect`], which checks the settings. An application
+//! that already has an `etcd_client::Client` shares it with
+//! [`EtcdBackend::from_client`]. The password is kept in a
+//! [`Secret`](moltlock_core::Secret) and never shows in `Debug` output or
+//! errors.
+//!
+//! # Cancel safety
+//!
+//! Every async method documents what a dropped future leaves in etcd. In
+//! short: reads leave nothing; an acquisition may still land, on the
+//! session lease, and is removed by the manager's owner-checked cleanup; a
+//! release that did not finish is retried before the session's next
+//! acquisition or renewal round; a dropped fair wait deletes its queue
+//! entry.
+//!
 //! # How it works
 //!
 //! - **Session**: each [`EtcdBackend`] instance is one session with one lease
 //!   per distinct hold TTL (rounded up to whole seconds; etcd's floor is
 //!   2 s, so that is the shortest TTL accepted). No background task keeps
 //!   the lease alive: the manager's renewal driver calls
-//!   [`renew_many`](moltlock_core::Backend::renew_many) every TTL/3, which
+//!   [`renew_many`](moltlock_core::RenewMany::renew_many) every TTL/3, which
 //!   sends one keep-alive per lease and checks the holds with one
 //!   `LeaseTimeToLive(keys)` query per lease: a key still attached to the
 //!   session's lease carries the token the session last wrote to it (any
@@ -71,13 +90,19 @@
 
 mod backend;
 mod config;
+mod core;
 mod error;
 mod fair;
+mod holds;
+mod inspect;
+mod keys;
+mod pending;
+mod renew;
 mod session;
+mod txn;
 mod url;
 mod watch;
+mod written;
 
 pub use backend::EtcdBackend;
-pub use config::{
-    EtcdConfig, EtcdConfigBuilder, Pem, TlsSettings, DEFAULT_PREFIX, MIN_SESSION_TTL,
-};
+pub use config::{EtcdConfig, Pem, TlsSettings, DEFAULT_PREFIX, MIN_SESSION_TTL};

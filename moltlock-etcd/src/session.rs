@@ -7,7 +7,7 @@
 //! TTL left. So if nobody renews, the lease expires and its keys vanish.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use etcd_client::Client;
@@ -64,10 +64,7 @@ impl Session {
     }
 
     fn leases(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Lease>> {
-        match self.leases.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        self.leases.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The lease TTL, in whole seconds, for holds of `ttl`.

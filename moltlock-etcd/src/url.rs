@@ -1,10 +1,9 @@
 //! Parsing of `etcd://` and `etcds://` URLs.
 
-use std::time::Duration;
+use moltlock_core::{parse_duration, Error};
+use percent_encoding::percent_decode_str;
 
-use moltlock_core::Error;
-
-use crate::config::{normalize_prefix, EtcdConfig, EtcdConfigBuilder};
+use crate::config::EtcdConfig;
 
 fn bad(url: &str, why: &str) -> Error {
     // Never echo the URL itself: it may carry a password (even a malformed
@@ -15,8 +14,24 @@ fn bad(url: &str, why: &str) -> Error {
     )))
 }
 
+impl EtcdConfig {
+    /// Parses `etcd://[user:password@]host:port[,host:port…][/key_prefix][?options]`
+    /// (or `etcds://` for TLS). Options: `ca`, `cert`, `key` (PEM file paths),
+    /// `domain` (the name to check the server certificate against),
+    /// `session_ttl`, `connect_timeout`, `request_timeout` (durations as
+    /// [`parse_duration`](moltlock_core::parse_duration) reads them: `5s`,
+    /// `500ms`, `2m`). User, password, prefix and option values may be
+    /// percent-encoded.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the URL does not have this shape.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        parse(url)
+    }
+}
+
 /// Parses a URL as documented on [`EtcdConfig::from_url`].
-pub(crate) fn parse(url: &str) -> Result<EtcdConfig, Error> {
+fn parse(url: &str) -> Result<EtcdConfig, Error> {
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| bad(url, "expected etcd:// or etcds://"))?;
@@ -41,72 +56,55 @@ pub(crate) fn parse(url: &str) -> Result<EtcdConfig, Error> {
     if endpoints.iter().any(|e| !valid_host_port(e)) {
         return Err(bad(url, "every endpoint must be host:port"));
     }
-    let mut b = EtcdConfig::builder(endpoints);
+    let mut cfg = EtcdConfig::new(endpoints);
     if !path.is_empty() && path != "/" {
-        b = b.prefix(normalize_prefix(percent_decode(path)?));
+        cfg = cfg.key_prefix(decode(url, path)?);
     }
     if let Some(info) = userinfo {
         let (user, pass) = info
             .split_once(':')
             .ok_or_else(|| bad(url, "user info must be user:password"))?;
-        b = b.auth(percent_decode(user)?, percent_decode(pass)?);
+        cfg = cfg.auth(decode(url, user)?, decode(url, pass)?);
     }
     if tls {
-        b = b.tls();
+        cfg = cfg.tls();
     }
-    if let Some(q) = query {
-        b = apply_query(url, b, q)?;
+    match query {
+        Some(q) => apply_query(url, cfg, q),
+        None => Ok(cfg),
     }
-    b.build()
 }
 
-fn apply_query(
-    url: &str,
-    mut b: EtcdConfigBuilder,
-    query: &str,
-) -> Result<EtcdConfigBuilder, Error> {
+fn apply_query(url: &str, mut cfg: EtcdConfig, query: &str) -> Result<EtcdConfig, Error> {
     let mut cert = None;
     let mut key = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair
             .split_once('=')
             .ok_or_else(|| bad(url, "query options must be name=value"))?;
-        let v = percent_decode(v)?;
-        b = match k {
-            "ca" => b.tls_ca_file(v),
+        let v = decode(url, v)?;
+        cfg = match k {
+            "ca" => cfg.tls_ca_file(v),
             "cert" => {
                 cert = Some(v);
-                b
+                cfg
             }
             "key" => {
                 key = Some(v);
-                b
+                cfg
             }
-            "domain" => b.tls_domain(v),
-            "session_ttl" => b.session_ttl(duration(url, &v)?),
-            "dial_timeout" => b.dial_timeout(duration(url, &v)?),
-            "request_timeout" => b.request_timeout(duration(url, &v)?),
+            "domain" => cfg.tls_domain(v),
+            "session_ttl" => cfg.session_ttl(parse_duration(k, &v)?),
+            "connect_timeout" => cfg.connect_timeout(parse_duration(k, &v)?),
+            "request_timeout" => cfg.request_timeout(parse_duration(k, &v)?),
             _ => return Err(bad(url, &format!("unknown option {k:?}"))),
         };
     }
     match (cert, key) {
-        (Some(c), Some(k)) => Ok(b.tls_client_files(c, k)),
-        (None, None) => Ok(b),
+        (Some(c), Some(k)) => Ok(cfg.tls_client_files(c, k)),
+        (None, None) => Ok(cfg),
         _ => Err(bad(url, "cert and key must be given together")),
     }
-}
-
-fn duration(url: &str, v: &str) -> Result<Duration, Error> {
-    let parsed = match v.strip_suffix("ms") {
-        Some(ms) => ms.parse().ok().map(Duration::from_millis),
-        None => v
-            .strip_suffix('s')
-            .unwrap_or(v)
-            .parse()
-            .ok()
-            .map(Duration::from_secs),
-    };
-    parsed.ok_or_else(|| bad(url, &format!("{v:?} is not a duration (e.g. 5s or 500ms)")))
 }
 
 fn valid_host_port(e: &str) -> bool {
@@ -116,45 +114,55 @@ fn valid_host_port(e: &str) -> bool {
     }
 }
 
-fn percent_decode(s: &str) -> Result<String, Error> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| Error::Config("etcd: bad percent-encoding in URL".into()))?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
+/// `s` percent-decoded. A `%` must start an escape (`%40`): one that does
+/// not is refused rather than kept, so a mistyped password fails here and
+/// not as an authentication error later.
+fn decode(url: &str, s: &str) -> Result<String, Error> {
+    let is_escape = |h: &str| {
+        h.get(..2)
+            .is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+    };
+    if !s.split('%').skip(1).all(is_escape) {
+        return Err(bad(url, "bad percent-encoding"));
     }
-    String::from_utf8(out).map_err(|_| Error::Config("etcd: URL is not UTF-8 once decoded".into()))
+    percent_decode_str(s)
+        .decode_utf8()
+        .map(|d| d.into_owned())
+        .map_err(|_| bad(url, "not UTF-8 once percent-decoded"))
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
     fn parses_plain_and_tls_urls() -> Result<(), Error> {
         let c = parse("etcd://127.0.0.1:2379,127.0.0.1:22379/locks")?;
         assert_eq!(c.endpoints(), ["127.0.0.1:2379", "127.0.0.1:22379"]);
-        assert_eq!(c.prefix(), "/locks/");
+        assert_eq!(c.key_prefix, "/locks/");
         assert!(!c.uses_tls());
         let c = parse("etcds://root:p%40ss@localhost:2379?ca=/tmp/ca.pem&cert=/c&key=/k")?;
         assert!(c.uses_tls());
         assert_eq!(c.user(), Some("root"));
-        assert_eq!(c.prefix(), "/moltlock/");
+        assert_eq!(c.key_prefix, "/moltlock/");
+        assert_eq!(c.user.as_ref().map(|(_, p)| p.expose()), Some("p@ss"));
         let shown = format!("{c:?}");
         assert!(
             !shown.contains("p@ss"),
             "the password leaked into Debug: {shown}"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn durations_and_prefixes() -> Result<(), Error> {
+        let c = parse("etcd://h:1/a%20b?connect_timeout=250ms&request_timeout=2s&session_ttl=1m")?;
+        assert_eq!(c.key_prefix, "/a b/");
+        assert_eq!(c.connect_timeout, Duration::from_millis(250));
+        assert_eq!(c.request_timeout, Duration::from_secs(2));
+        assert_eq!(c.session_ttl, Duration::from_secs(60));
         Ok(())
     }
 
@@ -168,6 +176,9 @@ mod tests {
             "etcd://u:secret@h:1?cert=/only",
             "etcd://h:1?bogus=1",
             "etcd://h:1?session_ttl=abc",
+            "etcd://h:1?connect_timeout=5",
+            "etcd://u:p%zz@h:1",
+            "etcd://u:p%4@h:1",
         ] {
             match parse(url) {
                 Err(Error::Config(m)) => assert!(!m.contains("secret"), "{m}"),

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use etcd_client::{Client, WatchOptions, WatchResponse, WatchStream};
@@ -57,10 +57,7 @@ enum Msg {
 
 impl HubConn {
     fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<i64, mpsc::UnboundedSender<Msg>>> {
-        match self.routes.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        self.routes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn alive(&self) -> bool {
@@ -249,8 +246,12 @@ pub(crate) struct KeyWatch {
 #[async_trait]
 impl ReleaseWatch for KeyWatch {
     /// Returns on any change of the key after `held.revision` (a release,
-    /// or a spurious wake the caller's next attempt sorts out). Cancel safe:
-    /// the next call looks from the revision its `held` names again.
+    /// or a spurious wake the caller's next attempt sorts out).
+    ///
+    /// # Cancel safety
+    /// Dropping the future cancels its watch on the shared stream and
+    /// writes nothing; the next call looks from the revision its `held`
+    /// names again, so a release in between is not missed.
     async fn released(&mut self, held: &Held) -> Result<(), Error> {
         let from = held
             .revision

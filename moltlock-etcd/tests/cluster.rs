@@ -32,10 +32,9 @@ impl Tally {
 }
 
 async fn manager(endpoints: Vec<String>) -> Result<LockManager, moltlock_core::Error> {
-    let cfg = EtcdConfig::builder(endpoints)
+    let cfg = EtcdConfig::new(endpoints)
         .request_timeout(Duration::from_secs(1))
-        .dial_timeout(Duration::from_secs(1))
-        .build()?;
+        .connect_timeout(Duration::from_secs(1));
     LockManager::builder(EtcdBackend::connect(cfg).await?)
         .ttl(Duration::from_secs(3))
         .retry(RetryPolicy::Fixed(Duration::from_millis(50)))

@@ -7,8 +7,7 @@ use moltlock_fixtures::etcd::etcd;
 
 fn store() -> moltlock_conformance::Factory {
     moltlock_fixtures::conformance_factory(etcd(), |etcd| async move {
-        let cfg = EtcdConfig::builder(etcd.endpoints.clone()).build()?;
-        EtcdBackend::connect(cfg).await
+        EtcdBackend::connect(EtcdConfig::new(etcd.endpoints.clone())).await
     })
 }
 

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use moltlock_core::{
-    Backend, CasOutcome, Error, LockKey, LockManager, LockOptions, RetryPolicy, Token,
+    Backend, CasOutcome, Error, Fence, LockKey, LockManager, LockOptions, RetryPolicy, Token,
 };
 use moltlock_etcd::{EtcdBackend, EtcdConfig};
 use moltlock_fixtures::etcd::{etcd, start_single, Etcd};
@@ -19,7 +19,7 @@ fn server() -> Result<Etcd, String> {
 }
 
 async fn open(endpoints: &[String]) -> Result<EtcdBackend, Error> {
-    EtcdBackend::connect(EtcdConfig::builder(endpoints.to_vec()).build()?).await
+    EtcdBackend::connect(EtcdConfig::new(endpoints.to_vec())).await
 }
 
 fn manager(b: EtcdBackend, ttl: Duration) -> Result<LockManager, Error> {
@@ -45,7 +45,9 @@ async fn keys_under(b: &EtcdBackend, key: &str) -> Result<Vec<String>, etcd_clie
     let opts = etcd_client::GetOptions::new()
         .with_prefix()
         .with_keys_only();
-    let resp = c.get(format!("{}{key}", b.prefix()), Some(opts)).await?;
+    let resp = c
+        .get(format!("{}{key}", b.key_prefix()), Some(opts))
+        .await?;
     Ok(resp
         .kvs()
         .iter()
@@ -189,7 +191,7 @@ async fn same_session_reacquire_after_delete_is_lost_for_the_first() -> TestResu
     let k = key("same-session");
     let first = a.lock(&k).await?;
     let mut admin = open(&etcd.endpoints).await?.client().clone();
-    admin.delete(format!("{}{k}", b.prefix()), None).await?;
+    admin.delete(format!("{}{k}", b.key_prefix()), None).await?;
     let second = other.lock_timeout(&k, Duration::from_secs(2)).await?;
     assert_eq!(b.lease_ids().len(), 1, "both holds share the session lease");
     tokio::time::timeout(ttl, first.lost())
@@ -337,7 +339,7 @@ async fn watch_sees_earlier_release_and_survives_compaction() -> TestResult {
     let mut admin = a.client().clone();
     for i in 0..5 {
         admin
-            .put(format!("{}filler", a.prefix()), format!("{i}"), None)
+            .put(format!("{}filler", a.key_prefix()), format!("{i}"), None)
             .await?;
     }
     let rev = admin
@@ -368,9 +370,7 @@ async fn store_down_is_unavailable() -> TestResult {
         "expected a retryable error, got {res:?}"
     );
     assert!(started.elapsed() < Duration::from_secs(12));
-    let cfg = EtcdConfig::builder([own.endpoint()])
-        .dial_timeout(Duration::from_millis(500))
-        .build()?;
+    let cfg = EtcdConfig::new([own.endpoint()]).connect_timeout(Duration::from_millis(500));
     let res = EtcdBackend::connect(cfg).await;
     assert!(
         matches!(res, Err(Error::Unavailable { .. })),
@@ -383,22 +383,24 @@ async fn store_down_is_unavailable() -> TestResult {
 #[tokio::test]
 async fn bad_config_is_refused() {
     assert!(matches!(
-        EtcdConfig::builder(Vec::<String>::new()).build(),
+        EtcdBackend::connect(EtcdConfig::new(Vec::<String>::new())).await,
         Err(Error::Config(_))
     ));
     assert!(matches!(
-        EtcdConfig::builder(["127.0.0.1:1"])
-            .session_ttl(Duration::from_secs(1))
-            .build(),
+        EtcdBackend::connect(EtcdConfig::new(["127.0.0.1:1"]).session_ttl(Duration::from_secs(1)))
+            .await,
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        EtcdBackend::connect(EtcdConfig::new(["127.0.0.1:1"]).connect_timeout(Duration::ZERO))
+            .await,
         Err(Error::Config(_))
     ));
     assert!(matches!(
         EtcdBackend::from_url("http://127.0.0.1:1").await,
         Err(Error::Config(_))
     ));
-    let cfg = EtcdConfig::builder(["127.0.0.1:1"])
-        .auth("root", "hunter2")
-        .build();
+    let cfg = EtcdConfig::new(["127.0.0.1:1"]).auth("root", "hunter2");
     let shown = format!("{cfg:?}");
     assert!(!shown.contains("hunter2"), "{shown}");
 }
@@ -450,5 +452,62 @@ async fn waiters_share_one_watch_stream() -> TestResult {
         "{:?}",
         started.elapsed()
     );
+    Ok(())
+}
+
+/// `list` reports a hold's fence with the key's raised floor, exactly as
+/// `inspect` does (`moltlock status` reads `list`; during a migration the
+/// new store's floors are raised above the old store's fences).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_reports_the_raised_fence_as_inspect_does() -> TestResult {
+    let etcd = server()?;
+    let b = open(&etcd.endpoints).await?;
+    let m = manager(b.clone(), Duration::from_secs(10))?;
+    let k = key("raised-list");
+    let lk = LockKey::new(&k)?;
+    let floor = Fence(1_000_000);
+    b.raise_fence(&lk, floor).await?;
+    let g = m.lock(&k).await?;
+    assert!(g.fence() > floor, "{:?} is not above {floor:?}", g.fence());
+    let inspected = b.inspect(&lk).await?.ok_or("inspect saw no holder")?;
+    let listed = b.list(&k).await?;
+    let listed: Vec<_> = listed.iter().filter(|h| h.key == k).collect();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(inspected.fence, Some(g.fence()), "inspect: {inspected:?}");
+    assert_eq!(listed[0].fence, inspected.fence, "list: {listed:?}");
+    g.release().await?;
+    Ok(())
+}
+
+/// A backend built on an application's own client takes and releases a
+/// lock, and the client stays usable for the application's own requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_from_an_application_client() -> TestResult {
+    let etcd = server()?;
+    let mut app = etcd_client::Client::connect(&etcd.endpoints, None).await?;
+    let b = EtcdBackend::from_client(app.clone(), EtcdConfig::default().key_prefix("/app-locks"))?;
+    assert_eq!(b.key_prefix(), "/app-locks/");
+    let m = manager(b.clone(), Duration::from_secs(5))?;
+    let k = key("from-client");
+    let g = m.lock(&k).await?;
+    assert!(m.try_lock(&k).await?.is_none(), "the key is held");
+    let stored = app.get(format!("/app-locks/{k}"), None).await?;
+    assert_eq!(
+        stored.kvs().first().map(|kv| kv.value().to_vec()),
+        Some(g.token().as_str().as_bytes().to_vec())
+    );
+    g.release().await?;
+    drop(m);
+    drop(b);
+    app.put("app/own-key", "still-usable", None).await?;
+    let own = app.get("app/own-key", None).await?;
+    assert_eq!(
+        own.kvs().first().map(|kv| kv.value().to_vec()),
+        Some(b"still-usable".to_vec())
+    );
+    assert!(matches!(
+        EtcdBackend::from_client(app, EtcdConfig::default().session_ttl(Duration::ZERO)),
+        Err(Error::Config(_))
+    ));
     Ok(())
 }

@@ -4,20 +4,20 @@
 use std::time::Duration;
 
 use moltlock_core::{Error, LockManager};
-use moltlock_etcd::{EtcdBackend, EtcdConfig, EtcdConfigBuilder};
+use moltlock_etcd::{EtcdBackend, EtcdConfig};
 use moltlock_fixtures::certs::{self, TestCerts};
 use moltlock_fixtures::etcd::start_tls;
 
-fn tls_config(endpoint: &str, certs: &TestCerts) -> EtcdConfigBuilder {
-    EtcdConfig::builder([endpoint.to_owned()])
+fn tls_config(endpoint: &str, certs: &TestCerts) -> EtcdConfig {
+    EtcdConfig::new([endpoint.to_owned()])
         .tls_ca_file(certs.ca())
         .tls_client_files(certs.client_cert(), certs.client_key())
         .tls_domain("localhost")
-        .dial_timeout(Duration::from_secs(3))
+        .connect_timeout(Duration::from_secs(3))
 }
 
 async fn enable_auth(endpoint: &str, certs: &TestCerts) -> Result<(), Box<dyn std::error::Error>> {
-    let admin = EtcdBackend::connect(tls_config(endpoint, certs).build()?).await?;
+    let admin = EtcdBackend::connect(tls_config(endpoint, certs)).await?;
     let mut c = admin.client().clone();
     c.user_add("root", "root-secret", None).await?;
     c.role_add("root").await?;
@@ -33,9 +33,7 @@ async fn tls_and_auth() -> Result<(), Box<dyn std::error::Error>> {
     let ep = server.endpoint();
     enable_auth(&ep, &certs).await?;
 
-    let good = tls_config(&ep, &certs)
-        .auth("root", "root-secret")
-        .build()?;
+    let good = tls_config(&ep, &certs).auth("root", "root-secret");
     let m = LockManager::builder(EtcdBackend::connect(good).await?)
         .ttl(Duration::from_secs(5))
         .build()?;
@@ -44,10 +42,17 @@ async fn tls_and_auth() -> Result<(), Box<dyn std::error::Error>> {
     assert!(m.try_lock("tls/locked").await?.is_none());
     g.release().await?;
 
-    let wrong = tls_config(&ep, &certs).auth("root", "wrong").build()?;
+    let wrong = tls_config(&ep, &certs).auth("root", "wrong");
     match EtcdBackend::connect(wrong).await {
-        Err(Error::Auth { message, .. }) => {
-            assert!(message.contains("authentication failed"), "{message}")
+        Err(e @ Error::Auth { .. }) => {
+            assert!(e.to_string().contains("authentication failed"), "{e}");
+            // The client's own error is the source, for callers that need it.
+            let source =
+                std::error::Error::source(&e).and_then(|s| s.downcast_ref::<etcd_client::Error>());
+            assert!(
+                matches!(source, Some(etcd_client::Error::GRpcStatus(s)) if s.message().contains("authentication failed")),
+                "the source is not etcd's error: {source:?}"
+            );
         }
         other => panic!("expected Error::Auth, got {other:?}"),
     }
@@ -61,9 +66,7 @@ async fn tls_and_auth() -> Result<(), Box<dyn std::error::Error>> {
     let m = LockManager::new(EtcdBackend::from_url(&url).await?);
     m.lock("tls/url").await?.release().await?;
 
-    let plain = EtcdConfig::builder([ep.clone()])
-        .dial_timeout(Duration::from_secs(1))
-        .build()?;
+    let plain = EtcdConfig::new([ep.clone()]).connect_timeout(Duration::from_secs(1));
     assert!(
         EtcdBackend::connect(plain).await.is_err(),
         "plain text reached a TLS-only server"

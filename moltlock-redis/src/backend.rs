@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use moltlock_core::{
-    async_trait, check_ttl, Backend, CasOutcome, Describe, Error, Fence, Held, Inspect, Limits,
-    LockKey, RaiseFence, RenewMany, StoreClock, Token, Watch,
+    async_trait, check_ttl, hand_out, Backend, CasOutcome, Error, Fence, Held, Limits, LockKey,
+    StoreClock, Token,
 };
 use redis::{Client, RedisResult};
 use tokio::sync::OnceCell;
@@ -305,23 +305,5 @@ impl Backend for RedisBackend {
         LIMITS
     }
 
-    fn watcher(&self) -> Option<&dyn Watch> {
-        Some(self)
-    }
-
-    fn inspector(&self) -> Option<&dyn Inspect> {
-        Some(self)
-    }
-
-    fn renewer(&self) -> Option<&dyn RenewMany> {
-        Some(self)
-    }
-
-    fn describer(&self) -> Option<&dyn Describe> {
-        Some(self)
-    }
-
-    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
-        Some(self)
-    }
+    hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence);
 }

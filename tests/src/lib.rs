@@ -68,7 +68,9 @@ use std::time::Duration;
 
 use moltlock_core::{Backend, Error};
 
-pub use support::{Delay, Duplicating, FencedResource, OverlapDetector, Partition, StallMonitor};
+pub use support::{
+    Bare, Delay, Duplicating, FencedResource, OverlapDetector, Partition, StallMonitor,
+};
 
 /// A boxed future, as the suite's functions return.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;

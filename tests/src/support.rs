@@ -463,3 +463,26 @@ impl Drop for StallMonitor {
         }
     }
 }
+
+/// A backend with only the two required methods, over an in-memory store:
+/// for tests of what happens when a backend hands out no extension.
+/// Clones share one store.
+#[derive(Clone, Default)]
+pub struct Bare(moltlock_core::MemoryBackend);
+
+#[async_trait]
+impl Backend for Bare {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        self.0.cas(key, expected, new, ttl).await
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        self.0.delete(key, owner).await
+    }
+}

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use moltlock_conformance::broken::{Flaw, Flawed};
 use moltlock_conformance::{
-    case_named, check_stamping, factory, run_all_parallel, run_case, Factory, Outcome, INCONCLUSIVE,
+    case_named, check_stamping, factory, run_all_parallel, run_case, Bare, Factory, Outcome,
+    INCONCLUSIVE,
 };
-use moltlock_core::{async_trait, Backend, CasOutcome, Error, LockKey, MemoryBackend, Token};
+use moltlock_core::MemoryBackend;
 
 fn flawed(flaw: Flaw) -> Factory {
     let shared = Flawed::new(flaw);
@@ -65,6 +66,7 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
         Flaw::FairKeepsDroppedPlace => &["fair_dropped_waiter_leaves_the_queue"],
         Flaw::FairFenceSeparate => &["fences_rise_across_fair_and_plain"],
         Flaw::RaiseFenceSets => &["raise_fence_is_a_max"],
+        Flaw::RaiseFenceReadThenWrite => &["racing_raises_keep_the_largest"],
         Flaw::TokenPrefixCompare => &["tokens_are_compared_exactly"],
         Flaw::TokenCaseInsensitive => &["tokens_are_compared_exactly"],
         Flaw::KeyCaseInsensitive => &["keys_are_distinct_exactly"],
@@ -150,6 +152,7 @@ catches! {
     catches_fair_queue_keeping_dropped_places: FairKeepsDroppedPlace,
     catches_fair_fences_from_own_counter: FairFenceSeparate,
     catches_raise_fence_lowering: RaiseFenceSets,
+    catches_raises_losing_updates: RaiseFenceReadThenWrite,
     catches_token_prefix_compare: TokenPrefixCompare,
     catches_case_insensitive_tokens: TokenCaseInsensitive,
     catches_case_insensitive_keys: KeyCaseInsensitive,
@@ -196,27 +199,6 @@ async fn memory_backend_passes_the_whole_suite_three_times_in_a_row() {
             async move { Ok(b) }
         });
         whole_suite_passes(f, &fair, &format!("the memory backend (run {run} of 3)")).await;
-    }
-}
-
-/// A backend with only the two required methods.
-#[derive(Clone, Default)]
-struct Bare(MemoryBackend);
-
-#[async_trait]
-impl Backend for Bare {
-    async fn cas(
-        &self,
-        key: &LockKey,
-        expected: Option<&Token>,
-        new: &Token,
-        ttl: Duration,
-    ) -> Result<CasOutcome, Error> {
-        self.0.cas(key, expected, new, ttl).await
-    }
-
-    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        self.0.delete(key, owner).await
     }
 }
 

@@ -8,31 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use moltlock_conformance::broken::{Flaw, Flawed};
-use moltlock_conformance::{Delay, Duplicating, Partition};
+use moltlock_conformance::{Bare, Delay, Duplicating, Partition};
 use moltlock_core::extension::extensions;
-use moltlock_core::{
-    async_trait, Backend, CasOutcome, Error, LockKey, MemoryBackend, MigratingBackend, Phase, Token,
-};
-
-/// A backend with the two required methods only.
-struct Bare(MemoryBackend);
-
-#[async_trait]
-impl Backend for Bare {
-    async fn cas(
-        &self,
-        key: &LockKey,
-        expected: Option<&Token>,
-        new: &Token,
-        ttl: Duration,
-    ) -> Result<CasOutcome, Error> {
-        self.0.cas(key, expected, new, ttl).await
-    }
-
-    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        self.0.delete(key, owner).await
-    }
-}
+use moltlock_core::{Backend, Error, MemoryBackend, MigratingBackend, Phase};
 
 /// Stores with every mix the suite has: all extensions (a fair queue too),
 /// all but the fair queue, none.
@@ -40,7 +18,7 @@ fn inners() -> Vec<Arc<dyn Backend>> {
     vec![
         Arc::new(Flawed::new(Flaw::None)),
         Arc::new(MemoryBackend::new()),
-        Arc::new(Bare(MemoryBackend::new())),
+        Arc::new(Bare::default()),
     ]
 }
 
@@ -98,7 +76,7 @@ fn migration_in_a_single_phase_is_the_deciding_store() {
 
 #[test]
 fn migration_refuses_a_store_that_cannot_raise_fences() {
-    let bare: Arc<dyn Backend> = Arc::new(Bare(MemoryBackend::new()));
+    let bare: Arc<dyn Backend> = Arc::new(Bare::default());
     let memory: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
     let res = MigratingBackend::new(memory, bare, Phase::Old);
     assert!(matches!(res, Err(Error::Config(_))), "{res:?}");

@@ -7,10 +7,7 @@ use moltlock_core::{Backend, CasOutcome, Token};
 use tokio::sync::Barrier;
 use tokio::time::Instant;
 
-use super::{
-    err, expect_gone_after_expiry, expect_held_until_deadline, is_free, key, renew, short_ttl,
-    timed_acquire, Timed,
-};
+use super::common::*;
 use crate::{CaseResult, Factory, Outcome, INCONCLUSIVE};
 
 /// How many clients race for an expired key.
@@ -265,5 +262,107 @@ pub async fn renewal_sets_expiry_from_now(f: Factory) -> CaseResult {
     }
     let other = f.open().await?;
     expect_gone_after_expiry(&other, &k, &t, "after six renewals").await?;
+    Ok(Outcome::Passed)
+}
+
+/// A hold nobody renews is still held before its TTL and free after it.
+pub async fn key_expires_after_ttl(f: Factory) -> CaseResult {
+    let holder = f.open().await?;
+    let other = f.open().await?;
+    let ttl = short_ttl(&holder);
+    let k = key("expiry");
+    let t = timed_acquire(&holder, &k, ttl).await?;
+    let probes = [
+        ("right after acquisition", t.replied),
+        ("at half its TTL", t.sent + ttl / 2),
+    ];
+    for (what, at) in probes {
+        tokio::time::sleep_until(at).await;
+        if is_free(&other, &k, ttl).await? {
+            ensure!(Instant::now() >= t.expiry, "the key was free {what}");
+            return Err(format!("{INCONCLUSIVE}: the probe {what} ran past the TTL"));
+        }
+    }
+    tokio::time::sleep_until(t.expiry).await;
+    ensure!(
+        becomes_free(&other, &k, ttl + EXPIRY_SLACK * 2).await?,
+        "the key was still held long after its TTL"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// A waiting `lock()` gets the key once an unrenewed hold expires.
+pub async fn waiter_acquires_after_holder_stops_renewing(f: Factory) -> CaseResult {
+    let holder = f.open().await?;
+    let ttl = short_ttl(&holder);
+    let k = key("waiter-expiry");
+    let started = Instant::now();
+    raw_acquire(&holder, &k, ttl).await?;
+    let m = manager(&f.open().await?, ttl)?;
+    let g = m.lock_timeout(&k, ttl * 4).await.map_err(err)?;
+    let waited = started.elapsed();
+    ensure!(
+        waited >= ttl.mul_f64(0.9),
+        "acquired after {waited:?}, before the TTL {ttl:?}"
+    );
+    ensure!(g.is_held(), "the waiter's guard must be held");
+    // The takeover must have made the waiter the owner: its renewals over
+    // the next TTL keep it held.
+    let probe = f.open().await?;
+    tokio::time::sleep(ttl).await;
+    ensure!(
+        g.is_held(),
+        "the waiter lost the key it took over within one TTL (its renewals were refused)"
+    );
+    ensure!(
+        !is_free(&probe, &k, ttl).await?,
+        "the key taken over from an expired holder was free a TTL later"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// A guard that lives for several TTLs keeps its key all along.
+pub async fn renewal_keeps_lock_past_several_ttls(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let m = manager(&b, ttl)?;
+    let k = key("renewal");
+    let g = m.lock(&k).await.map_err(err)?;
+    let other = manager(&f.open().await?, ttl)?;
+    let until = Instant::now() + ttl * 3;
+    while Instant::now() < until {
+        ensure!(g.is_held(), "the guard stopped being held while renewed");
+        let stolen = other.try_lock(&k).await.map_err(err)?;
+        ensure!(stolen.is_none(), "another client acquired a renewed key");
+        tokio::time::sleep(ttl / 4).await;
+    }
+    g.release().await.map_err(err)?;
+    Ok(Outcome::Passed)
+}
+
+/// 20 holds of one manager all stay held across three TTLs.
+pub async fn batch_renewal_keeps_many_locks(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let m = manager(&b, ttl)?;
+    let base = key("batch");
+    let mut guards = Vec::new();
+    for i in 0..20 {
+        guards.push(m.lock(format!("{base}/{i}")).await.map_err(err)?);
+    }
+    tokio::time::sleep(ttl * 3).await;
+    let other = f.open().await?;
+    for (i, g) in guards.iter().enumerate() {
+        ensure!(g.is_held(), "hold {i} of 20 was lost");
+        ensure!(
+            !is_free(&other, &format!("{base}/{i}"), ttl).await?,
+            "key {i} of 20 expired"
+        );
+    }
+    ensure!(
+        m.held_count() == 20,
+        "the manager renews {} holds, not 20",
+        m.held_count()
+    );
     Ok(Outcome::Passed)
 }

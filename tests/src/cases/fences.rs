@@ -4,11 +4,8 @@ use std::time::Duration;
 
 use moltlock_core::{BackendExt, Fence, LockOptions};
 
-use super::{contend, err, key, manager};
+use super::common::*;
 use crate::{CaseResult, Factory, Outcome};
-
-/// A long TTL for holds that must not expire during a case.
-const LONG: Duration = Duration::from_secs(10);
 
 /// Two clients that take turns for many rounds see the fence rise every
 /// time: no per-client blocks or caches of fences.
@@ -138,5 +135,169 @@ pub async fn fences_rise_across_fair_and_plain(f: Factory) -> CaseResult {
         last = Some(g.fence());
         g.release().await.map_err(err)?;
     }
+    Ok(Outcome::Passed)
+}
+
+/// Fences grow strictly from one acquisition to the next after release.
+pub async fn fences_increase_across_release(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(10))?;
+    let k = key("fence-release");
+    let mut last: Option<Fence> = None;
+    for i in 0..10 {
+        let g = m.lock(&k).await.map_err(err)?;
+        if let Some(prev) = last {
+            ensure!(
+                g.fence() > prev,
+                "fence {} after {prev} at round {i}",
+                g.fence()
+            );
+        }
+        last = Some(g.fence());
+        g.release().await.map_err(err)?;
+    }
+    Ok(Outcome::Passed)
+}
+
+/// A fence after expiry exceeds the expired hold's fence.
+pub async fn fences_increase_across_expiry(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let k = key("fence-expiry");
+    let (_, first) = raw_acquire(&b, &k, ttl).await?;
+    let m = manager(&f.open().await?, ttl)?;
+    let g = m.lock_timeout(&k, ttl * 4).await.map_err(err)?;
+    ensure!(
+        g.fence() > first,
+        "fence {} after expiry of fence {first}",
+        g.fence()
+    );
+    Ok(Outcome::Passed)
+}
+
+/// Fences keep growing when a new client (a restarted process) takes over.
+pub async fn fences_increase_across_clients(f: Factory) -> CaseResult {
+    let k = key("fence-clients");
+    let mut last: Option<Fence> = None;
+    for i in 0..4 {
+        let m = manager(&f.open().await?, Duration::from_secs(10))?;
+        let g = m.lock(&k).await.map_err(err)?;
+        if let Some(prev) = last {
+            ensure!(
+                g.fence() > prev,
+                "client {i} got fence {} after {prev}",
+                g.fence()
+            );
+        }
+        last = Some(g.fence());
+        g.release().await.map_err(err)?;
+    }
+    Ok(Outcome::Passed)
+}
+
+/// A resource that remembers fences refuses the expired holder's late write.
+pub async fn fenced_resource_refuses_stale_holder(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let k = key("fenced");
+    let resource = FencedResource::new();
+    let (_, stale) = raw_acquire(&b, &k, ttl).await?;
+    ensure!(
+        resource.write(stale),
+        "the first holder's write was refused"
+    );
+    let m = manager(&f.open().await?, ttl)?;
+    let g = m.lock_timeout(&k, ttl * 4).await.map_err(err)?;
+    ensure!(
+        resource.write(g.fence()),
+        "the new holder's write was refused"
+    );
+    ensure!(
+        !resource.write(stale),
+        "the stale holder's late write was accepted"
+    );
+    ensure!(resource.accepted() == 2, "expected 2 accepted writes");
+    Ok(Outcome::Passed)
+}
+
+/// `raise_fence` makes every later fence of the key exceed the minimum, and
+/// later fences keep rising from there.
+pub async fn raise_fence_lifts_later_fences(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(10))?;
+    let k = key("raise");
+    let g = m.lock(&k).await.map_err(err)?;
+    let minimum = Fence(g.fence().get().saturating_add(1_000_000));
+    b.raise_fence(g.key(), minimum).await.map_err(err)?;
+    g.release().await.map_err(err)?;
+    let other = manager(&f.open().await?, Duration::from_secs(10))?;
+    let mut last = minimum;
+    let inspect = b.inspector().is_some();
+    for _ in 0..3 {
+        let g = other.lock(&k).await.map_err(err)?;
+        ensure!(
+            g.fence() > last,
+            "fence {} after {last} (the minimum was raised to {minimum})",
+            g.fence()
+        );
+        last = g.fence();
+        if inspect {
+            // What inspect and list report is the hold's own fence, minimum
+            // included.
+            let info = b.inspect(g.key()).await.map_err(err)?;
+            let reported = info.and_then(|i| i.fence);
+            ensure!(
+                reported.is_none_or(|r| r == g.fence()),
+                "inspect reports fence {reported:?} for a hold of fence {}",
+                g.fence()
+            );
+            let listed = b.list(&k).await.map_err(err)?;
+            let reported = listed.iter().find(|i| i.key == k).and_then(|i| i.fence);
+            ensure!(
+                reported.is_none_or(|r| r == g.fence()),
+                "list reports fence {reported:?} for a hold of fence {}",
+                g.fence()
+            );
+        }
+        g.release().await.map_err(err)?;
+    }
+    Ok(Outcome::Passed)
+}
+
+/// Raises that race — several clients at once, each with a minimum of its
+/// own, the largest sent first — leave the largest: the next fence exceeds
+/// every minimum. A raise that reads and then writes loses updates.
+pub async fn racing_raises_keep_the_largest(f: Factory) -> CaseResult {
+    const RAISERS: u64 = 12;
+    let b = f.open().await?;
+    let m = manager(&b, LONG)?;
+    let k = key("raise-race");
+    let g = m.lock(&k).await.map_err(err)?;
+    let top = g.fence().get().saturating_add(1_000_000);
+    let mut handles = Vec::new();
+    for _ in 0..RAISERS {
+        handles.push(f.open().await?);
+    }
+    let start = Arc::new(tokio::sync::Barrier::new(handles.len()));
+    let mut raises = Vec::new();
+    for (i, h) in (0u64..).zip(handles) {
+        let (lk, start) = (g.key().clone(), start.clone());
+        let minimum = Fence(top - i * 10_000);
+        raises.push(tokio::spawn(async move {
+            start.wait().await;
+            h.raise_fence(&lk, minimum).await
+        }));
+    }
+    for r in raises {
+        r.await.map_err(|e| e.to_string())?.map_err(err)?;
+    }
+    g.release().await.map_err(err)?;
+    let next = m.lock(&k).await.map_err(err)?;
+    let fence = next.fence().get();
+    next.release().await.map_err(err)?;
+    ensure!(
+        fence > top,
+        "fence {fence} after {RAISERS} racing raises whose largest minimum was {top}"
+    );
     Ok(Outcome::Passed)
 }

@@ -1,17 +1,14 @@
-//! Optional capabilities: watches, inspect/list and the fair queue.
+//! Optional features: release watches, inspect/list, holder descriptions.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use moltlock_core::{BackendExt, CasOutcome, LockManager, LockOptions, RetryPolicy, Token};
+use moltlock_core::{BackendExt, CasOutcome, LockManager, RetryPolicy, Token};
 use tokio::time::Instant;
 
-use super::{err, key, manager, raw_acquire, short_ttl, timed_acquire};
+use super::common::*;
 use crate::{CaseResult, Factory, Outcome};
-
-/// A long TTL for holds that must not expire during a case.
-const LONG: Duration = Duration::from_secs(10);
 
 /// `watch()` subscribes before it returns: a release between `watch()` and
 /// `released()` still resolves the watch.
@@ -199,93 +196,6 @@ pub async fn inspect_hides_expired_holds(f: Factory) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// A fair newcomer that arrives as the key is released queues behind the
-/// waiter already queued; it never barges ahead on the free key.
-pub async fn fair_newcomer_does_not_barge(f: Factory) -> CaseResult {
-    let k = key("fair-barge");
-    let holder = manager(&f.open().await?, LONG)?;
-    let first = holder
-        .acquire(&k, LockOptions::new().fair())
-        .await
-        .map_err(err)?
-        .ok_or("fair acquire returned no guard")?;
-    let order: Arc<Mutex<Vec<&'static str>>> = Arc::default();
-    let spawn_fair = |name: &'static str, m: LockManager| {
-        let (k, order) = (k.clone(), order.clone());
-        tokio::spawn(async move {
-            let g = m
-                .acquire(&k, LockOptions::new().fair())
-                .await
-                .map_err(err)?
-                .ok_or("fair acquire returned no guard")?;
-            if let Ok(mut o) = order.lock() {
-                o.push(name);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            g.release().await.map_err(err)
-        })
-    };
-    let queued = spawn_fair("queued", manager(&f.open().await?, LONG)?);
-    let newcomer_m = manager(&f.open().await?, LONG)?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    first.release().await.map_err(err)?;
-    let newcomer = spawn_fair("newcomer", newcomer_m);
-    queued.await.map_err(|e| e.to_string())??;
-    newcomer.await.map_err(|e| e.to_string())??;
-    let got = order.lock().map(|o| o.clone()).unwrap_or_default();
-    ensure!(
-        got == vec!["queued", "newcomer"],
-        "served in the order {got:?}: the newcomer barged ahead of the queued waiter"
-    );
-    Ok(Outcome::Passed)
-}
-
-/// A dropped fair waiter's place is removed: the waiter behind it gets the
-/// key within a second of the release.
-pub async fn fair_dropped_waiter_leaves_the_queue(f: Factory) -> CaseResult {
-    let k = key("fair-dropped");
-    let holder = manager(&f.open().await?, LONG)?;
-    let first = holder
-        .acquire(&k, LockOptions::new().fair())
-        .await
-        .map_err(err)?
-        .ok_or("fair acquire returned no guard")?;
-    let dropped_m = manager(&f.open().await?, LONG)?;
-    let k2 = k.clone();
-    let dropped = tokio::spawn(async move {
-        let _ = dropped_m.acquire(&k2, LockOptions::new().fair()).await;
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let behind_m = manager(&f.open().await?, LONG)?;
-    let k3 = k.clone();
-    let behind = tokio::spawn(async move {
-        let g = behind_m
-            .acquire(&k3, LockOptions::new().fair())
-            .await
-            .map_err(err)?
-            .ok_or("fair acquire returned no guard")?;
-        let got = Instant::now();
-        g.release().await.map_err(err)?;
-        Ok::<Instant, String>(got)
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    dropped.abort();
-    let _ = dropped.await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let released = Instant::now();
-    first.release().await.map_err(err)?;
-    let got = tokio::time::timeout(Duration::from_secs(5), behind)
-        .await
-        .map_err(|_| "the waiter behind a dropped one never got the key".to_owned())?
-        .map_err(|e| e.to_string())??;
-    let gap = got.saturating_duration_since(released);
-    ensure!(
-        gap < Duration::from_secs(1),
-        "the waiter behind a dropped one got the key {gap:?} after the release"
-    );
-    Ok(Outcome::Passed)
-}
-
 /// A holder description is owner-checked (as a renewal), is what `inspect`
 /// and `list` report for its hold (where declared), and ends with the hold:
 /// a new hold of the key starts with none.
@@ -346,5 +256,69 @@ pub async fn descriptions_belong_to_their_hold(f: Factory) -> CaseResult {
         other.delete(&lk, &next).await.map_err(err)?,
         "the next holder could not release"
     );
+    Ok(Outcome::Passed)
+}
+
+/// With release notifications, a waiter gets the key well before its next
+/// poll would (the retry policy here waits 5 s).
+pub async fn release_wakes_waiter_quickly(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let holder = manager(&b, Duration::from_secs(10))?;
+    let waiter = LockManager::builder(f.open().await?)
+        .ttl(Duration::from_secs(10))
+        .retry(RetryPolicy::Fixed(Duration::from_secs(5)))
+        .build()
+        .map_err(err)?;
+    let k = key("wakeup");
+    let g = holder.lock(&k).await.map_err(err)?;
+    let k2 = k.clone();
+    let task = tokio::spawn(async move {
+        let g = waiter.lock(&k2).await.map_err(err)?;
+        Ok::<_, String>((Instant::now(), g))
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released_at = Instant::now();
+    g.release().await.map_err(err)?;
+    let (acquired_at, _g) = task.await.map_err(|e| e.to_string())??;
+    let gap = acquired_at - released_at;
+    ensure!(
+        gap < Duration::from_secs(1),
+        "the waiter took {gap:?} after the release"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// `inspect` and `list` report the holder, its fence and time left.
+pub async fn inspect_reports_holder(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(10))?;
+    let k = key("inspect");
+    let g = m.lock(&k).await.map_err(err)?;
+    let info = b.inspect(g.key()).await.map_err(err)?;
+    let info = info.ok_or("inspect found no holder of a held key")?;
+    ensure!(&info.holder == g.token(), "inspect reports another holder");
+    ensure!(info.key == k, "inspect reports the key {:?}", info.key);
+    if let Some(fence) = info.fence {
+        ensure!(
+            fence == g.fence(),
+            "inspect reports fence {fence}, not {}",
+            g.fence()
+        );
+    }
+    if let Some(left) = info.expires_in {
+        ensure!(
+            left <= Duration::from_secs(10),
+            "inspect reports {left:?} left of a 10 s TTL"
+        );
+    }
+    let prefix = k.rsplit_once('/').map(|(p, _)| p).unwrap_or(&k);
+    let listed = b.list(prefix).await.map_err(err)?;
+    ensure!(
+        listed.iter().any(|i| i.key == k),
+        "list under {prefix:?} misses the hold"
+    );
+    g.release().await.map_err(err)?;
+    let info = b.inspect(&k.parse().map_err(err)?).await.map_err(err)?;
+    ensure!(info.is_none(), "inspect reports a holder after release");
     Ok(Outcome::Passed)
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use moltlock_core::{BackendExt, CasOutcome, Error, LockManager, RenewItem, RetryPolicy, Token};
 use tokio::time::Instant;
 
-use super::{err, expect_gone_after_expiry, is_free, key, raw_acquire, renew, short_ttl, Timed};
+use super::common::*;
 use crate::{CaseResult, Duplicating, Factory, Outcome};
 
 /// A long TTL for holds that must not expire during a case.
@@ -368,5 +368,98 @@ pub async fn renew_many_uses_each_items_ttl(f: Factory) -> CaseResult {
         !is_free(&other, &long_k, long).await?,
         "the long item of a mixed batch expired with the short one's TTL"
     );
+    Ok(Outcome::Passed)
+}
+
+/// Deleting with a token that does not hold the key changes nothing.
+pub async fn release_with_foreign_token_changes_nothing(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let k = key("foreign-release");
+    let (_owner, _) = raw_acquire(&b, &k, Duration::from_secs(10)).await?;
+    let lk = k.parse().map_err(err)?;
+    let deleted = b.delete(&lk, &Token::random()).await.map_err(err)?;
+    ensure!(!deleted, "delete with a foreign token reported success");
+    ensure!(
+        !is_free(&b, &k, Duration::from_secs(10)).await?,
+        "a foreign delete freed the key"
+    );
+    let free_key = key("foreign-release-free");
+    let lk = free_key.parse().map_err(err)?;
+    let deleted = b.delete(&lk, &Token::random()).await.map_err(err)?;
+    ensure!(!deleted, "delete of a free key reported success");
+    Ok(Outcome::Passed)
+}
+
+/// Renewing with a token that does not hold the key changes nothing.
+pub async fn renew_with_foreign_token_changes_nothing(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let k = key("foreign-renew");
+    let (_owner, _) = raw_acquire(&b, &k, ttl).await?;
+    let lk = k.parse().map_err(err)?;
+    let stranger = Token::random();
+    let out = b
+        .cas(&lk, Some(&stranger), &stranger, Duration::from_secs(60))
+        .await
+        .map_err(err)?;
+    ensure!(
+        matches!(out, CasOutcome::Held(_)),
+        "renewal with a foreign token succeeded: {out:?}"
+    );
+    let other = f.open().await?;
+    ensure!(
+        becomes_free(&other, &k, ttl * 3).await?,
+        "a foreign renewal extended the hold past its TTL"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// `cas` with the wrong `expected` holder fails, on held and on free keys.
+pub async fn cas_with_wrong_expected_changes_nothing(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let k = key("wrong-expected");
+    let (owner, _) = raw_acquire(&b, &k, Duration::from_secs(10)).await?;
+    let lk = k.parse().map_err(err)?;
+    let (a, c) = (Token::random(), Token::random());
+    let out = b
+        .cas(&lk, Some(&a), &c, Duration::from_secs(10))
+        .await
+        .map_err(err)?;
+    ensure!(
+        matches!(out, CasOutcome::Held(_)),
+        "cas with a wrong expected holder succeeded"
+    );
+    ensure!(
+        b.delete(&lk, &owner).await.map_err(err)?,
+        "the owner lost the key after a failed cas"
+    );
+    let out = b
+        .cas(&lk, Some(&a), &c, Duration::from_secs(10))
+        .await
+        .map_err(err)?;
+    ensure!(
+        matches!(out, CasOutcome::Held(_)),
+        "cas expecting a holder succeeded on a free key"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// A second release of the same hold says it was not held.
+pub async fn double_release_reports_not_held(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(10))?;
+    let k = key("double-release");
+    let g = m.lock(&k).await.map_err(err)?;
+    let (lk, token) = (g.key().clone(), g.token().clone());
+    g.release().await.map_err(err)?;
+    let again = b.delete(&lk, &token).await.map_err(err)?;
+    ensure!(
+        !again,
+        "a second delete of a released hold reported success"
+    );
+    let g2 = m.lock(&k).await.map_err(err)?;
+    let stale = b.delete(&lk, &token).await.map_err(err)?;
+    ensure!(!stale, "a stale token deleted the next holder's key");
+    ensure!(g2.is_held(), "the next holder must still hold");
     Ok(Outcome::Passed)
 }

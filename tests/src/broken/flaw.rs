@@ -1,0 +1,145 @@
+//! The flaws, each breaking one point of the contract.
+
+/// The flaw a [`Flawed`] backend has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Flaw {
+    /// None: a correct backend, to show the self-tests can pass.
+    None,
+    /// `delete` removes the key whoever holds it.
+    UnconditionalDelete,
+    /// `cas` reads, yields, then writes: not atomic.
+    ReadThenWrite,
+    /// Holds never expire.
+    IgnoresTtl,
+    /// Every acquisition gets fence 1.
+    RepeatingFence,
+    /// Renewal succeeds whatever token asks.
+    RenewsForeignToken,
+    /// Taking over an *expired* hold reads, yields, then writes (a free or
+    /// live key is handled atomically).
+    ExpiredTakeoverReadThenWrite,
+    /// TTLs are truncated to whole seconds (`EX ttl.as_secs()`).
+    WholeSecondTtl,
+    /// Expiry instants are stored in whole seconds of the store's clock.
+    CoarseClock,
+    /// Holds of one client hang on one lease taken with its first hold, but
+    /// `earliest_expiry` reports `sent_at + ttl` for every hold.
+    SharedLeaseWrongBound,
+    /// Renewal compares the holder but not the expiry: it revives an
+    /// expired hold.
+    RenewsExpiredHold,
+    /// Renewal adds the TTL to the old expiry instead of setting now + TTL.
+    RenewalAddsTtl,
+    /// Taking over an expired hold updates its expiry and fence but keeps
+    /// the old owner token.
+    TakeoverKeepsOldToken,
+    /// `cas(Some(a), b)` keeps `a`'s fence.
+    HandOverKeepsFence,
+    /// `delete` compares the owner but not the expiry: deleting one's own
+    /// expired hold reports success.
+    DeleteIgnoresExpiry,
+    /// `delete` reports success whatever it did.
+    DeleteAlwaysTrue,
+    /// Each client draws fences from a block of 100 of its own.
+    PerClientFenceBlocks,
+    /// The fence is drawn before the compare (Postgres `nextval()` in the
+    /// `VALUES` row): a slower winner gets an older fence.
+    FenceDrawnBeforeConflict,
+    /// `renew_many` answers every item with the first item's answer.
+    BatchAnswersFirstForAll,
+    /// `renew_many` renews every item with the first item's TTL.
+    BatchUsesFirstTtl,
+    /// `renew_many` upserts: it re-creates deleted or absent holds.
+    BatchRecreatesDeleted,
+    /// `watch()` subscribes only when `released()` is first awaited.
+    WatchSubscribesLazily,
+    /// A watch resolves once, then never again.
+    WatchFiresOnce,
+    /// `inspect` reports the full TTL as time left, always.
+    InspectReportsFullTtl,
+    /// `inspect` and `list` report expired holds.
+    InspectShowsExpired,
+    /// `list` ignores its prefix.
+    ListIgnoresPrefix,
+    /// `list` matches its prefix as a SQL `LIKE` pattern (`prefix%`,
+    /// unescaped), so `_` and `%` in it are wildcards.
+    ListPrefixAsPattern,
+    /// `inspect` and `list` report the store's latest fence, not the hold's.
+    InspectReportsLatestFence,
+    /// A fair acquisition first tries to take a free key directly.
+    FairBarges,
+    /// A dropped fair waiter's queue place stays until its TTL.
+    FairKeepsDroppedPlace,
+    /// Fair acquisitions draw fences from a counter of their own.
+    FairFenceSeparate,
+    /// `raise_fence` sets the fence counter to the minimum (can lower it).
+    RaiseFenceSets,
+    /// `raise_fence` reads the counter, waits, then writes the larger of
+    /// what it read and its minimum: racing raises lose updates.
+    RaiseFenceReadThenWrite,
+    /// Tokens are compared by their first 8 characters.
+    TokenPrefixCompare,
+    /// Tokens are compared ignoring ASCII case.
+    TokenCaseInsensitive,
+    /// Keys are compared ignoring case (a case-insensitive collation).
+    KeyCaseInsensitive,
+    /// Keys are truncated to 191 bytes (a `VARCHAR(191)` column).
+    KeyTruncated,
+    /// A refused `cas` names the caller as the holder.
+    HeldEchoesCaller,
+    /// `describe` stores the text whoever asks.
+    DescribeIgnoresOwner,
+    /// Descriptions live in a table of their own that nothing clears: a
+    /// new hold reports the old hold's.
+    DescriptionOutlivesHold,
+    /// A request whose caller went away lands 5.3 s later (a client that
+    /// re-sends queued requests after the caller is gone), past the few
+    /// seconds the manager keeps cleaning up after a cancelled acquisition.
+    LateLandingAfterCancel,
+}
+
+impl Flaw {
+    /// Every flaw but [`Flaw::None`].
+    pub const ALL: &'static [Flaw] = &[
+        Flaw::UnconditionalDelete,
+        Flaw::ReadThenWrite,
+        Flaw::IgnoresTtl,
+        Flaw::RepeatingFence,
+        Flaw::RenewsForeignToken,
+        Flaw::ExpiredTakeoverReadThenWrite,
+        Flaw::WholeSecondTtl,
+        Flaw::CoarseClock,
+        Flaw::SharedLeaseWrongBound,
+        Flaw::RenewsExpiredHold,
+        Flaw::RenewalAddsTtl,
+        Flaw::TakeoverKeepsOldToken,
+        Flaw::HandOverKeepsFence,
+        Flaw::DeleteIgnoresExpiry,
+        Flaw::DeleteAlwaysTrue,
+        Flaw::PerClientFenceBlocks,
+        Flaw::FenceDrawnBeforeConflict,
+        Flaw::BatchAnswersFirstForAll,
+        Flaw::BatchUsesFirstTtl,
+        Flaw::BatchRecreatesDeleted,
+        Flaw::WatchSubscribesLazily,
+        Flaw::WatchFiresOnce,
+        Flaw::InspectReportsFullTtl,
+        Flaw::InspectShowsExpired,
+        Flaw::ListIgnoresPrefix,
+        Flaw::ListPrefixAsPattern,
+        Flaw::InspectReportsLatestFence,
+        Flaw::FairBarges,
+        Flaw::FairKeepsDroppedPlace,
+        Flaw::FairFenceSeparate,
+        Flaw::RaiseFenceSets,
+        Flaw::RaiseFenceReadThenWrite,
+        Flaw::TokenPrefixCompare,
+        Flaw::TokenCaseInsensitive,
+        Flaw::KeyCaseInsensitive,
+        Flaw::KeyTruncated,
+        Flaw::HeldEchoesCaller,
+        Flaw::DescribeIgnoresOwner,
+        Flaw::DescriptionOutlivesHold,
+        Flaw::LateLandingAfterCancel,
+    ];
+}

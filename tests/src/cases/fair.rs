@@ -1,0 +1,135 @@
+//! The fair queue: arrival order, no barging, dropped waiters leave.
+
+use super::common::*;
+use moltlock_core::LockOptions;
+
+/// A fair newcomer that arrives as the key is released queues behind the
+/// waiter already queued; it never barges ahead on the free key.
+pub async fn fair_newcomer_does_not_barge(f: Factory) -> CaseResult {
+    let k = key("fair-barge");
+    let holder = manager(&f.open().await?, LONG)?;
+    let first = holder
+        .acquire(&k, LockOptions::new().fair())
+        .await
+        .map_err(err)?
+        .ok_or("fair acquire returned no guard")?;
+    let order: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+    let spawn_fair = |name: &'static str, m: LockManager| {
+        let (k, order) = (k.clone(), order.clone());
+        tokio::spawn(async move {
+            let g = m
+                .acquire(&k, LockOptions::new().fair())
+                .await
+                .map_err(err)?
+                .ok_or("fair acquire returned no guard")?;
+            if let Ok(mut o) = order.lock() {
+                o.push(name);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            g.release().await.map_err(err)
+        })
+    };
+    let queued = spawn_fair("queued", manager(&f.open().await?, LONG)?);
+    let newcomer_m = manager(&f.open().await?, LONG)?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.release().await.map_err(err)?;
+    let newcomer = spawn_fair("newcomer", newcomer_m);
+    queued.await.map_err(|e| e.to_string())??;
+    newcomer.await.map_err(|e| e.to_string())??;
+    let got = order.lock().map(|o| o.clone()).unwrap_or_default();
+    ensure!(
+        got == vec!["queued", "newcomer"],
+        "served in the order {got:?}: the newcomer barged ahead of the queued waiter"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// A dropped fair waiter's place is removed: the waiter behind it gets the
+/// key within a second of the release.
+pub async fn fair_dropped_waiter_leaves_the_queue(f: Factory) -> CaseResult {
+    let k = key("fair-dropped");
+    let holder = manager(&f.open().await?, LONG)?;
+    let first = holder
+        .acquire(&k, LockOptions::new().fair())
+        .await
+        .map_err(err)?
+        .ok_or("fair acquire returned no guard")?;
+    let dropped_m = manager(&f.open().await?, LONG)?;
+    let k2 = k.clone();
+    let dropped = tokio::spawn(async move {
+        let _ = dropped_m.acquire(&k2, LockOptions::new().fair()).await;
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let behind_m = manager(&f.open().await?, LONG)?;
+    let k3 = k.clone();
+    let behind = tokio::spawn(async move {
+        let g = behind_m
+            .acquire(&k3, LockOptions::new().fair())
+            .await
+            .map_err(err)?
+            .ok_or("fair acquire returned no guard")?;
+        let got = Instant::now();
+        g.release().await.map_err(err)?;
+        Ok::<Instant, String>(got)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    dropped.abort();
+    let _ = dropped.await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released = Instant::now();
+    first.release().await.map_err(err)?;
+    let got = tokio::time::timeout(Duration::from_secs(5), behind)
+        .await
+        .map_err(|_| "the waiter behind a dropped one never got the key".to_owned())?
+        .map_err(|e| e.to_string())??;
+    let gap = got.saturating_duration_since(released);
+    ensure!(
+        gap < Duration::from_secs(1),
+        "the waiter behind a dropped one got the key {gap:?} after the release"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// In fair mode waiters get the key strictly in arrival order.
+pub async fn fair_queue_serves_in_arrival_order(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let m = manager(&b, Duration::from_secs(10))?;
+    let k = key("fair");
+    let first = m
+        .acquire(&k, LockOptions::new().fair())
+        .await
+        .map_err(err)?;
+    let first = first.ok_or("fair acquire returned no guard")?;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5usize {
+        let (m, k, order) = (
+            manager(&f.open().await?, Duration::from_secs(10))?,
+            k.clone(),
+            order.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let g = m
+                .acquire(&k, LockOptions::new().fair())
+                .await
+                .map_err(err)?;
+            let g = g.ok_or("fair acquire returned no guard")?;
+            if let Ok(mut o) = order.lock() {
+                o.push(i);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            g.release().await.map_err(err)
+        }));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    first.release().await.map_err(err)?;
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    let got = order.lock().map(|o| o.clone()).unwrap_or_default();
+    ensure!(
+        got == vec![0, 1, 2, 3, 4],
+        "served in the order {got:?}, not arrival order"
+    );
+    Ok(Outcome::Passed)
+}
