@@ -12,13 +12,11 @@ use moltlock_core::{
 
 use crate::config::{Expiry, SqlConfig};
 use crate::convert::SweepCounter;
-use crate::dialect::{DbResult, Dialect, Shared};
+use crate::dialect::{DbResult, Dialect, Shared, Write};
 use crate::error::map;
 
 /// Locks in a SQL table, over the dialect `D`; use the aliases
-/// [`PostgresBackend`](crate::PostgresBackend),
-/// [`SqliteBackend`](crate::SqliteBackend) and
-/// [`MySqlBackend`](crate::MySqlBackend). Clones share one pool (and, for
+/// `PostgresBackend`, `SqliteBackend` and `MySqlBackend`. Clones share one pool (and, for
 /// Postgres, one listener).
 pub struct SqlBackend<D: Dialect> {
     inner: Arc<Shared<D>>,
@@ -157,7 +155,7 @@ impl<D: Dialect> SqlBackend<D> {
     }
 
     /// Deletes rows released or expired for longer than
-    /// [`RETENTION`](crate::RETENTION); returns how many. Fences stay
+    /// `RETENTION` (1 h); returns how many. Fences stay
     /// monotonic (see the dialect's module docs). SQLite deletes released
     /// rows at once and has nothing to sweep: 0.
     ///
@@ -216,10 +214,10 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         ttl: Duration,
     ) -> Result<CasOutcome, Error> {
         D::check_key(key)?;
-        let db = &self.inner;
+        let (db, w) = (&self.inner, Write { key, new, ttl });
         match expected {
-            None => self.run(D::acquire(db, key, new, ttl)).await,
-            Some(expected) => self.run(D::update(db, key, expected, new, ttl)).await,
+            None => self.run(D::acquire(db, w)).await,
+            Some(expected) => self.run(D::update(db, w, expected)).await,
         }
     }
 
@@ -305,14 +303,8 @@ impl<D: Dialect> RenewMany for SqlBackend<D> {
 /// or not.
 #[async_trait]
 impl<D: Dialect> Describe for SqlBackend<D> {
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
-        self.run(D::describe(&self.inner, key, owner, description))
-            .await
+    async fn describe(&self, key: &LockKey, owner: &Token, text: &str) -> Result<bool, Error> {
+        self.run(D::describe(&self.inner, key, owner, text)).await
     }
 }
 

@@ -228,7 +228,7 @@ impl SqlConfig {
     }
 
     /// The schema name after validation.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg(feature = "postgres")]
     pub(crate) fn checked_schema(&self) -> Result<Option<&str>, Error> {
         match &self.schema {
             Some(s) => check_ident(s, "schema").map(|()| Some(s.as_str())),

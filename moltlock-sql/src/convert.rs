@@ -112,3 +112,71 @@ pub(crate) fn mark_live(
         out[i] = live.contains(&(item.key.as_str().to_owned(), item.token.as_str().to_owned()));
     }
 }
+
+/// The number of rows a statement changed (sqlx's result types have no
+/// common trait for it).
+pub(crate) trait RowsChanged {
+    /// Rows the statement changed.
+    fn changed(&self) -> u64;
+}
+
+macro_rules! rows_changed {
+    ($($feature:literal => $result:ty),*) => {$(
+        #[cfg(feature = $feature)]
+        impl RowsChanged for $result {
+            fn changed(&self) -> u64 {
+                self.rows_affected()
+            }
+        }
+    )*};
+}
+
+rows_changed!(
+    "postgres" => sqlx::postgres::PgQueryResult,
+    "sqlite" => sqlx::sqlite::SqliteQueryResult,
+    "mysql" => sqlx::mysql::MySqlQueryResult
+);
+
+/// Runs `sql` with the text parameters `args` bound in order; returns how
+/// many rows it changed.
+pub(crate) async fn execute<DB>(
+    pool: &sqlx::Pool<DB>,
+    sql: &str,
+    args: &[&str],
+) -> Result<u64, sqlx::Error>
+where
+    DB: Database,
+    DB::QueryResult: RowsChanged,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> <DB as Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let mut query = sqlx::query(sql);
+    for arg in args {
+        query = query.bind(*arg);
+    }
+    Ok(query.execute(pool).await?.changed())
+}
+
+/// The holds `sql` reads (rows of `(key, owner, fence, ms left,
+/// description)`), with `arg` (a key or a prefix) as its one parameter.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) async fn holds<DB>(
+    pool: &sqlx::Pool<DB>,
+    sql: &str,
+    arg: &str,
+) -> Result<Vec<HolderInfo>, sqlx::Error>
+where
+    DB: Database,
+    usize: ColumnIndex<DB::Row>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> Option<String>: Decode<'r, DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'r> Option<i64>: Decode<'r, DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + Type<DB>,
+    for<'q> <DB as Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let rows = sqlx::query(sql).bind(arg).fetch_all(pool).await?;
+    rows.iter().map(holder_info).collect()
+}

@@ -19,12 +19,20 @@ use crate::observe::Observed;
 /// until the backend maps it, once.
 pub type DbResult<T> = Result<T, Fail>;
 
-/// A database [`SqlBackend`](crate::SqlBackend) speaks to: Postgres,
+/// A database the generic `SqlBackend` speaks to: Postgres,
 /// SQLite or MySQL/MariaDB. Sealed: only this crate's dialects implement
 /// it.
 pub trait Dialect: Ops {}
 
 impl<D: Ops> Dialect for D {}
+
+/// The write a `cas` asks for: `new` to hold `key` for `ttl`.
+#[derive(Clone, Copy)]
+pub struct Write<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) new: &'a Token,
+    pub(crate) ttl: Duration,
+}
 
 /// What one backend holds, shared by its clones.
 pub struct Shared<D: Ops> {
@@ -87,20 +95,9 @@ pub trait Ops: Sized + Send + Sync + 'static {
         None
     }
     /// Takes a free key.
-    async fn acquire(
-        db: &Shared<Self>,
-        key: &LockKey,
-        new: &Token,
-        ttl: Duration,
-    ) -> DbResult<CasOutcome>;
-    /// Renews (`expected == new`) or transfers a hold of `expected`.
-    async fn update(
-        db: &Shared<Self>,
-        key: &LockKey,
-        expected: &Token,
-        new: &Token,
-        ttl: Duration,
-    ) -> DbResult<CasOutcome>;
+    async fn acquire(db: &Shared<Self>, w: Write<'_>) -> DbResult<CasOutcome>;
+    /// Renews (`expected == w.new`) or transfers a hold of `expected`.
+    async fn update(db: &Shared<Self>, w: Write<'_>, expected: &Token) -> DbResult<CasOutcome>;
     /// Releases `owner`'s hold.
     async fn delete(db: &Shared<Self>, key: &LockKey, owner: &Token) -> DbResult<bool>;
     /// The live hold of `key`.
@@ -110,12 +107,7 @@ pub trait Ops: Sized + Send + Sync + 'static {
     /// Renews every live hold of `items`.
     async fn renew_many(db: &Shared<Self>, items: &[RenewItem]) -> DbResult<Vec<bool>>;
     /// Sets the description of `owner`'s hold.
-    async fn describe(
-        db: &Shared<Self>,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> DbResult<bool>;
+    async fn describe(db: &Shared<Self>, k: &LockKey, t: &Token, text: &str) -> DbResult<bool>;
     /// Makes every later fence of `key` exceed `floor`.
     async fn raise_fence(db: &Shared<Self>, key: &LockKey, floor: Fence) -> DbResult<()>;
 }

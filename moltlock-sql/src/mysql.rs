@@ -52,13 +52,9 @@ use sqlx::mysql::{MySqlPool, MySqlRow};
 use sqlx::Row;
 
 use crate::backend::SqlBackend;
-use crate::config::SqlConfig;
-use crate::convert::{mark_live, micros, pool_options, ttl_chunks, RETENTION};
-use crate::dialect::{DbResult, Ops, Shared};
-
-mod statements;
-
-use statements::Statements;
+use crate::config::{Expiry, SqlConfig};
+use crate::convert::{execute, mark_live, micros, pool_options, ttl_chunks, RETENTION};
+use crate::dialect::{DbResult, Ops, Shared, Write};
 
 /// Locks in a MySQL or MariaDB table. Clones share one pool.
 pub type MySqlBackend = SqlBackend<MySql>;
@@ -125,12 +121,8 @@ impl Ops for MySql {
         check_key(key)
     }
 
-    async fn acquire(
-        db: &Shared<Self>,
-        key: &LockKey,
-        new: &Token,
-        ttl: Duration,
-    ) -> DbResult<CasOutcome> {
+    async fn acquire(db: &Shared<Self>, w: Write<'_>) -> DbResult<CasOutcome> {
+        let Write { key, new, ttl } = w;
         let done = sqlx::query(&db.dialect.sql.acquire)
             .bind(key.as_str())
             .bind(new.as_str())
@@ -146,13 +138,8 @@ impl Ops for MySql {
         }
     }
 
-    async fn update(
-        db: &Shared<Self>,
-        key: &LockKey,
-        expected: &Token,
-        new: &Token,
-        ttl: Duration,
-    ) -> DbResult<CasOutcome> {
+    async fn update(db: &Shared<Self>, w: Write<'_>, expected: &Token) -> DbResult<CasOutcome> {
+        let Write { key, new, ttl } = w;
         let sql = &db.dialect.sql;
         let query = if expected == new {
             sqlx::query(&sql.renew).bind(micros(ttl))
@@ -176,12 +163,8 @@ impl Ops for MySql {
     }
 
     async fn delete(db: &Shared<Self>, key: &LockKey, owner: &Token) -> DbResult<bool> {
-        let done = sqlx::query(&db.dialect.sql.delete)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .execute(&db.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
+        let args = [key.as_str(), owner.as_str()];
+        Ok(execute(&db.pool, &db.dialect.sql.delete, &args).await? > 0)
     }
 
     async fn inspect(db: &Shared<Self>, key: &LockKey) -> DbResult<Option<HolderInfo>> {
@@ -213,23 +196,13 @@ impl Ops for MySql {
 
     /// MySQL counts rows changed, not matched: a description equal to the
     /// stored one changes nothing, so a read tells whether `owner` holds.
-    async fn describe(
-        db: &Shared<Self>,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> DbResult<bool> {
-        let done = sqlx::query(&db.dialect.sql.describe)
-            .bind(description)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .execute(&db.pool)
-            .await?;
-        if done.rows_affected() > 0 {
+    async fn describe(db: &Shared<Self>, k: &LockKey, t: &Token, text: &str) -> DbResult<bool> {
+        let args = [text, k.as_str(), t.as_str()];
+        if execute(&db.pool, &db.dialect.sql.describe, &args).await? > 0 {
             return Ok(true);
         }
-        let held = read(db, key).await?;
-        Ok(held.is_some_and(|h| &h.holder == owner))
+        let held = read(db, k).await?;
+        Ok(held.is_some_and(|h| &h.holder == t))
     }
 
     /// Records `floor` for the key; every later acquisition or transfer of
@@ -329,4 +302,140 @@ fn held(row: Option<HolderInfo>) -> CasOutcome {
         },
         None => Held::default(),
     })
+}
+
+const NOW: &str = "UTC_TIMESTAMP(6)";
+/// The expiry a release writes: long past, whatever the server clock says.
+const RELEASED: &str = "'1970-01-02 00:00:00'";
+/// The holder description column (256 bytes of UTF-8 at most).
+const INFO_COL: &str = "info VARCHAR(256) CHARACTER SET utf8mb4 NULL";
+const MICROS: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
+/// An owner parameter compared byte for byte: the `owner` column has the
+/// table's default collation, which ignores case (and trailing spaces) on
+/// MariaDB and MySQL alike, so a plain `owner = ?` would let a look-alike
+/// token renew or release a hold.
+const EXACT: &str = "CAST(? AS BINARY)";
+
+struct Statements {
+    table: String,
+    acquire: String,
+    read: String,
+    renew: String,
+    transfer: String,
+    delete: String,
+    list: String,
+    raise: String,
+    sweep: String,
+    describe: String,
+    /// Whether the table has the `info` column (tables made before it).
+    has_info: String,
+    add_info: String,
+    ddl: Vec<String>,
+}
+
+impl Statements {
+    fn new(cfg: &SqlConfig) -> Result<Self, Error> {
+        let name = cfg.checked_table()?;
+        if cfg.expiry != Expiry::StoreClock {
+            return Err(Error::Config(
+                "the MySQL backend judges expiry by the server clock only (expiry=store)".into(),
+            ));
+        }
+        let t = format!("`{name}`");
+        let floors = format!("`{name}_floor`");
+        // The least fence `raise_fence` allows next for the key (0 if none).
+        let floor =
+            format!("COALESCE((SELECT floor + 1 FROM {floors} WHERE {floors}.lock_key = ?), 0)");
+        let key_col =
+            "lock_key VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY";
+        let free = format!("expires_at <= {NOW}");
+        let left = format!("TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)");
+        Ok(Self {
+            table: t.clone(),
+            acquire: format!(
+                "INSERT INTO {t} (lock_key, owner, fence, expires_at, acquired_at) \
+                 VALUES (?, ?, LAST_INSERT_ID(GREATEST({MICROS}, {floor})), \
+                 {NOW} + INTERVAL ? MICROSECOND, {NOW}) \
+                 ON DUPLICATE KEY UPDATE \
+                 owner = IF({free}, VALUES(owner), owner), \
+                 fence = IF({free}, LAST_INSERT_ID(GREATEST(fence + 1, VALUES(fence))), \
+                 fence + LAST_INSERT_ID(0)), \
+                 acquired_at = IF({free}, VALUES(acquired_at), acquired_at), \
+                 info = IF({free}, NULL, info), \
+                 expires_at = IF({free}, VALUES(expires_at), expires_at)"
+            ),
+            read: format!(
+                "SELECT lock_key, owner, fence, {left}, info FROM {t} \
+                 WHERE lock_key = ? AND expires_at > {NOW}"
+            ),
+            renew: format!(
+                "UPDATE {t} SET fence = LAST_INSERT_ID(fence), \
+                 expires_at = {NOW} + INTERVAL ? MICROSECOND \
+                 WHERE lock_key = ? AND owner = {EXACT} AND expires_at > {NOW}"
+            ),
+            transfer: format!(
+                "UPDATE {t} SET fence = LAST_INSERT_ID(GREATEST(fence + 1, {MICROS}, {floor})), owner = ?, \
+                 acquired_at = {NOW}, info = NULL, \
+                 expires_at = {NOW} + INTERVAL ? MICROSECOND \
+                 WHERE lock_key = ? AND owner = {EXACT} AND expires_at > {NOW}"
+            ),
+            // A release expires the row instead of deleting it, so the key's
+            // next fence still counts up from its last one.
+            // The epoch frees a released key whatever the clock does later;
+            // `acquired_at` records the release, for the sweep.
+            delete: format!(
+                "UPDATE {t} SET acquired_at = {NOW}, expires_at = {RELEASED} \
+                 WHERE lock_key = ? AND owner = {EXACT} AND expires_at > {NOW}"
+            ),
+            describe: format!(
+                "UPDATE {t} SET info = ? WHERE lock_key = ? AND owner = {EXACT} AND expires_at > {NOW}"
+            ),
+            has_info: format!(
+                "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() \
+                 AND TABLE_NAME = '{name}' AND COLUMN_NAME = 'info'"
+            ),
+            add_info: format!("ALTER TABLE {t} ADD COLUMN {INFO_COL}"),
+            sweep: format!(
+                "DELETE FROM {t} WHERE expires_at < {NOW} - INTERVAL ? MICROSECOND \
+                 AND acquired_at < {NOW} - INTERVAL ? MICROSECOND"
+            ),
+            list: format!(
+                "SELECT lock_key, owner, fence, {left}, info FROM {t} \
+                 WHERE LEFT(lock_key, CHAR_LENGTH(?)) = ? AND expires_at > {NOW} ORDER BY lock_key"
+            ),
+            raise: format!(
+                "INSERT INTO {floors} (lock_key, floor) VALUES (?, ?) \
+                 ON DUPLICATE KEY UPDATE floor = GREATEST(floor, VALUES(floor))"
+            ),
+            ddl: vec![
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} ({key_col}, \
+                     owner VARCHAR(128) NOT NULL, fence BIGINT UNSIGNED NOT NULL, \
+                     expires_at DATETIME(6) NOT NULL, acquired_at DATETIME(6) NOT NULL, \
+                     {INFO_COL}) ENGINE=InnoDB"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {floors} ({key_col}, \
+                     floor BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"
+                ),
+            ],
+        })
+    }
+}
+
+impl Statements {
+    /// The renewal of `n` `(key, owner)` pairs sharing a TTL, and the read
+    /// of which of them are live afterwards.
+    fn renew_chunk(&self, n: usize) -> (String, String) {
+        let pairs = vec![format!("(?, {EXACT})"); n].join(", ");
+        let t = &self.table;
+        let update = format!(
+            "UPDATE {t} SET expires_at = {NOW} + INTERVAL ? MICROSECOND \
+             WHERE expires_at > {NOW} AND (lock_key, owner) IN ({pairs})"
+        );
+        let select = format!(
+            "SELECT lock_key, owner FROM {t} WHERE expires_at > {NOW} AND (lock_key, owner) IN ({pairs})"
+        );
+        (update, select)
+    }
 }

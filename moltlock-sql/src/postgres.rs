@@ -56,30 +56,27 @@
 //!   manager.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use moltlock_core::{
-    CasOutcome, Error, Fence, Held, HolderInfo, KeyEvents, Limits, LockKey, ReleaseWatch,
-    RenewItem, Token, Watch,
+    CasOutcome, Error, Fence, Held, HolderInfo, Limits, LockKey, ReleaseWatch, RenewItem, Token,
+    Watch,
 };
-use sqlx::postgres::{PgListener, PgPool};
+use sqlx::postgres::PgPool;
 use sqlx::Row;
-use tokio::sync::OnceCell;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::backend::SqlBackend;
-use crate::config::SqlConfig;
-use crate::convert::{fence, holder_info, left_ms, millis, pool_options, RETENTION};
-use crate::dialect::{DbResult, Ops, Shared};
+use crate::config::{Expiry, SqlConfig};
+use crate::convert::{execute, fence, holds, left_ms, millis, pool_options, RETENTION};
+use crate::dialect::{DbResult, Ops, Shared, Write};
 use crate::error::map;
 use crate::observe::Observed;
 
-mod statements;
+mod listen;
 
-use statements::Statements;
+use listen::Listener;
 
 /// Locks in a Postgres table. Clones share one pool and one listener.
 pub type PostgresBackend = SqlBackend<Pg>;
@@ -88,17 +85,7 @@ pub type PostgresBackend = SqlBackend<Pg>;
 /// `LISTEN` connection.
 pub struct Pg {
     sql: Statements,
-    channel: String,
-    events: Arc<KeyEvents>,
-    listener: OnceCell<JoinHandle<()>>,
-}
-
-impl Drop for Pg {
-    fn drop(&mut self) {
-        if let Some(task) = self.listener.get() {
-            task.abort();
-        }
-    }
+    listener: Listener,
 }
 
 impl SqlBackend<Pg> {
@@ -121,9 +108,7 @@ impl Ops for Pg {
     fn new(cfg: &SqlConfig) -> Result<Self, Error> {
         Ok(Self {
             sql: Statements::new(cfg)?,
-            channel: format!("moltlock_{}", cfg.table),
-            events: Arc::new(KeyEvents::new()),
-            listener: OnceCell::new(),
+            listener: Listener::new(format!("moltlock_{}", cfg.table)),
         })
     }
 
@@ -158,14 +143,10 @@ impl Ops for Pg {
         Some(db)
     }
 
-    async fn acquire(
-        db: &Shared<Self>,
-        key: &LockKey,
-        new: &Token,
-        ttl: Duration,
-    ) -> DbResult<CasOutcome> {
+    async fn acquire(db: &Shared<Self>, w: Write<'_>) -> DbResult<CasOutcome> {
+        let Write { key, new, ttl } = w;
         if let Some(observed) = &db.observed {
-            return acquire_observed(db, observed, key, new, ttl).await;
+            return acquire_observed(db, observed, w).await;
         }
         let sent_at = Instant::now();
         let row = sqlx::query(&db.dialect.sql.acquire)
@@ -188,13 +169,8 @@ impl Ops for Pg {
         }))
     }
 
-    async fn update(
-        db: &Shared<Self>,
-        key: &LockKey,
-        expected: &Token,
-        new: &Token,
-        ttl: Duration,
-    ) -> DbResult<CasOutcome> {
+    async fn update(db: &Shared<Self>, w: Write<'_>, expected: &Token) -> DbResult<CasOutcome> {
+        let Write { key, new, ttl } = w;
         let transfer = expected != new;
         let sql = &db.dialect.sql;
         let mut query = sqlx::query(if transfer { &sql.transfer } else { &sql.renew })
@@ -221,26 +197,20 @@ impl Ops for Pg {
         let n: i64 = sqlx::query_scalar(&db.dialect.sql.delete)
             .bind(key.as_str())
             .bind(owner.as_str())
-            .bind(&db.dialect.channel)
+            .bind(db.dialect.listener.channel())
             .fetch_one(&db.pool)
             .await?;
         Ok(n > 0)
     }
 
     async fn inspect(db: &Shared<Self>, key: &LockKey) -> DbResult<Option<HolderInfo>> {
-        let row = sqlx::query(&db.dialect.sql.inspect)
-            .bind(key.as_str())
-            .fetch_optional(&db.pool)
-            .await?;
-        Ok(row.map(|r| holder_info(&r)).transpose()?)
+        Ok(holds(&db.pool, &db.dialect.sql.inspect, key.as_str())
+            .await?
+            .pop())
     }
 
     async fn list(db: &Shared<Self>, prefix: &str) -> DbResult<Vec<HolderInfo>> {
-        let rows = sqlx::query(&db.dialect.sql.list)
-            .bind(prefix)
-            .fetch_all(&db.pool)
-            .await?;
-        Ok(rows.iter().map(holder_info).collect::<Result<_, _>>()?)
+        Ok(holds(&db.pool, &db.dialect.sql.list, prefix).await?)
     }
 
     async fn renew_many(db: &Shared<Self>, items: &[RenewItem]) -> DbResult<Vec<bool>> {
@@ -267,19 +237,9 @@ impl Ops for Pg {
             .collect())
     }
 
-    async fn describe(
-        db: &Shared<Self>,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> DbResult<bool> {
-        let done = sqlx::query(&db.dialect.sql.describe)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .bind(description)
-            .execute(&db.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
+    async fn describe(db: &Shared<Self>, k: &LockKey, t: &Token, text: &str) -> DbResult<bool> {
+        let args = [k.as_str(), t.as_str(), text];
+        Ok(execute(&db.pool, &db.dialect.sql.describe, &args).await? > 0)
     }
 
     /// Raises the key's last fence (and the sequence) to at least `floor`.
@@ -297,14 +257,9 @@ impl Ops for Pg {
 
 /// An acquisition in the observed-expiry mode: takes a released key, or one
 /// whose holder this process saw unchanged for that holder's TTL.
-async fn acquire_observed(
-    db: &Shared<Pg>,
-    observed: &Observed,
-    key: &LockKey,
-    new: &Token,
-    ttl: Duration,
-) -> DbResult<CasOutcome> {
-    let (holder, version) = observed.ready(key.as_str()).unzip();
+async fn acquire_observed(db: &Shared<Pg>, seen: &Observed, w: Write<'_>) -> DbResult<CasOutcome> {
+    let Write { key, new, ttl } = w;
+    let (holder, version) = seen.ready(key.as_str()).unzip();
     let row = sqlx::query(&db.dialect.sql.acquire)
         .bind(key.as_str())
         .bind(new.as_str())
@@ -314,17 +269,17 @@ async fn acquire_observed(
         .fetch_optional(&db.pool)
         .await?;
     let Some(row) = row else {
-        observed.forget(key.as_str());
+        seen.forget(key.as_str());
         return Ok(CasOutcome::Held(Held::default()));
     };
     if let Some(f) = row.try_get::<Option<i64>, _>(0)? {
-        observed.forget(key.as_str());
+        seen.forget(key.as_str());
         return Ok(CasOutcome::Acquired { fence: fence(f) });
     }
     let owner: String = row.try_get::<Option<String>, _>(1)?.unwrap_or_default();
     let version: i64 = row.try_get::<Option<i64>, _>(2)?.unwrap_or_default();
     let held_ttl = left_ms(row.try_get(3)?).unwrap_or(ttl);
-    let left = observed.saw(key.as_str(), owner.clone(), version, held_ttl);
+    let left = seen.saw(key.as_str(), owner.clone(), version, held_ttl);
     Ok(CasOutcome::Held(Held {
         holder: Some(Token::from_stored(owner)),
         expires_in: Some(left),
@@ -347,55 +302,174 @@ fn saw_clock(db: &Shared<Pg>, sent_at: Instant, now_us: i64) {
 #[async_trait]
 impl Watch for Shared<Pg> {
     async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error> {
-        let pg = &self.dialect;
-        pg.listener
-            .get_or_try_init(|| async {
-                let listener = subscribe(&self.pool, &pg.channel)
-                    .await
-                    .map_err(|e| map(Pg::NAME, e))?;
-                let task = listen(
-                    listener,
-                    self.pool.clone(),
-                    pg.channel.clone(),
-                    pg.events.clone(),
-                );
-                Ok::<_, Error>(tokio::spawn(task))
-            })
-            .await?;
-        Ok(pg.events.subscribe(key.as_str()))
+        let listener = &self.dialect.listener;
+        listener
+            .watch(&self.pool, key.as_str())
+            .await
+            .map_err(|e| map(Pg::NAME, e))
     }
 }
 
-/// A connection that listens on `channel`.
-async fn subscribe(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
-    let mut listener = PgListener::connect_with(pool).await?;
-    listener.listen(channel).await?;
-    Ok(listener)
+/// The server clock in microseconds since the epoch, as replies report it.
+const NOW_US: &str = "(extract(epoch FROM now()) * 1000000)::bigint";
+
+/// The SQL of one table, built once from validated names.
+struct Statements {
+    acquire: String,
+    renew: String,
+    transfer: String,
+    delete: String,
+    renew_many: String,
+    raise: String,
+    sweep: String,
+    describe: String,
+    inspect: String,
+    list: String,
+    ddl: Vec<String>,
 }
 
-/// Dispatches notifications to waiters. When the connection drops, it opens
-/// a new one itself and wakes every waiter twice: at once, and again once
-/// the new connection listens — a release sent while nobody listened was
-/// missed, and the woken waiters look for themselves.
-async fn listen(mut listener: PgListener, pool: PgPool, channel: String, events: Arc<KeyEvents>) {
-    loop {
-        match listener.try_recv().await {
-            Ok(Some(n)) => events.fire(n.payload()),
-            Ok(None) | Err(_) => {
-                tracing::debug!("listen connection lost; reconnecting");
-                events.fire_all();
-                listener = loop {
-                    match subscribe(&pool, &channel).await {
-                        Ok(l) => break l,
-                        Err(e) => {
-                            tracing::debug!(error = %e, "listen connection failed; retrying");
-                            events.fire_all();
-                            tokio::time::sleep(Duration::from_millis(250)).await;
-                        }
-                    }
-                };
-                events.fire_all();
-            }
+/// Adds a column to a table made before it existed. Checked first:
+/// `ALTER TABLE` takes the table's strongest lock even when it changes
+/// nothing.
+fn add_column(t: &str, column: &str, decl: &str) -> String {
+    format!(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_attribute \
+         WHERE attrelid = '{t}'::regclass AND attname = '{column}' AND NOT attisdropped) \
+         THEN ALTER TABLE {t} ADD COLUMN {column} {decl}; END IF; END $$"
+    )
+}
+
+impl Statements {
+    fn new(cfg: &SqlConfig) -> Result<Self, Error> {
+        let table = cfg.checked_table()?;
+        let schema = cfg.checked_schema()?;
+        let q = |name: &str| match schema {
+            Some(s) => format!("\"{s}\".\"{name}\""),
+            None => format!("\"{name}\""),
+        };
+        let (t, seq) = (q(table), q(&format!("{table}_fence")));
+        let mut ddl = Vec::new();
+        if let Some(s) = schema {
+            ddl.push(format!("CREATE SCHEMA IF NOT EXISTS \"{s}\""));
+        }
+        ddl.push(format!("CREATE SEQUENCE IF NOT EXISTS {seq}"));
+        let logged = if cfg.unlogged { "UNLOGGED " } else { "" };
+        ddl.push(format!(
+            "CREATE {logged}TABLE IF NOT EXISTS {t} (\n    key text PRIMARY KEY,\n    owner text NOT NULL,\n    \
+             fence bigint NOT NULL,\n    expires_at timestamptz NOT NULL,\n    acquired_at timestamptz NOT NULL,\n    \
+             info text,\n    version bigint NOT NULL DEFAULT 0,\n    ttl_ms bigint NOT NULL DEFAULT 0\n)"
+        ));
+        // Tables made before these columns existed.
+        ddl.push(add_column(&t, "info", "text"));
+        ddl.push(add_column(&t, "version", "bigint NOT NULL DEFAULT 0"));
+        ddl.push(add_column(&t, "ttl_ms", "bigint NOT NULL DEFAULT 0"));
+        let observed = cfg.expiry == Expiry::Observed;
+        Ok(Self::build(&t, &seq, ddl, observed))
+    }
+
+    /// One table serves both expiry modes, so nodes in different modes
+    /// contend on the same rows: every write keeps `expires_at` (by the
+    /// database clock, for store-clock nodes) and bumps `version` with the
+    /// holder's `ttl_ms` (for observed-expiry nodes). The modes differ only
+    /// in when a held row may be taken over and in which holds count as
+    /// live: store-clock nodes judge by `expires_at`, observed-expiry nodes
+    /// only by a released row or the `(owner, version)` pair `($4, $5)` they
+    /// watched unchanged for its TTL (see `crate::observe`). A release
+    /// clears the owner and sets `expires_at` to the epoch, so a released
+    /// key is free whatever the clock does; `acquired_at` then records the
+    /// release, for the sweep.
+    fn build(t: &str, seq: &str, ddl: Vec<String>, observed: bool) -> Self {
+        let ms = "$3::bigint * interval '1 millisecond'";
+        let left = "(extract(epoch FROM expires_at - now()) * 1000)::bigint";
+        let (take_if, live) = match observed {
+            false => ("l.expires_at <= now()", "expires_at > now()"),
+            true => (
+                "l.owner = '' OR (l.owner = $4 AND l.version = $5)",
+                "owner <> ''",
+            ),
+        };
+        let held = match observed {
+            false => format!("GREATEST({left}, 0), {NOW_US}"),
+            true => "version, ttl_ms".to_owned(),
+        };
+        let granted_clock = match observed {
+            false => NOW_US,
+            true => "NULL::bigint",
+        };
+        let shown_left = match observed {
+            false => left.to_owned(),
+            true => "NULL::bigint".to_owned(),
+        };
+        Self {
+            // The new fence is drawn in the VALUES row before the conflict is
+            // resolved, so a statement that waited on a row lock may carry an
+            // older draw than the hold it replaces: `GREATEST` with the row's
+            // own last fence keeps fences of the key rising.
+            acquire: format!(
+                "WITH ins AS (INSERT INTO {t} AS l \
+                 (key, owner, fence, expires_at, acquired_at, version, ttl_ms) \
+                 VALUES ($1, $2, nextval('{seq}'), now() + {ms}, now(), 1, $3) \
+                 ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, \
+                 fence = GREATEST(l.fence + 1, EXCLUDED.fence), info = NULL, \
+                 expires_at = EXCLUDED.expires_at, acquired_at = EXCLUDED.acquired_at, \
+                 version = l.version + 1, ttl_ms = EXCLUDED.ttl_ms \
+                 WHERE {take_if} RETURNING fence) \
+                 SELECT fence, NULL::text AS owner, NULL::bigint AS a, {granted_clock} AS b FROM ins \
+                 UNION ALL SELECT NULL, owner, {held} FROM {t} \
+                 WHERE key = $1 AND owner <> '' AND NOT EXISTS (SELECT 1 FROM ins)"
+            ),
+            renew: format!(
+                "UPDATE {t} SET expires_at = now() + {ms}, version = version + 1, ttl_ms = $3 \
+                 WHERE key = $1 AND owner = $2 AND {live} RETURNING fence, {NOW_US}"
+            ),
+            transfer: format!(
+                "UPDATE {t} SET owner = $4, fence = GREATEST(fence + 1, nextval('{seq}')), \
+                 info = NULL, acquired_at = now(), expires_at = now() + {ms}, \
+                 version = version + 1, ttl_ms = $3 \
+                 WHERE key = $1 AND owner = $2 AND {live} RETURNING fence, {NOW_US}"
+            ),
+            delete: format!(
+                "WITH d AS (UPDATE {t} SET owner = '', expires_at = 'epoch', acquired_at = now(), \
+                 version = version + 1 \
+                 WHERE key = $1 AND owner = $2 AND owner <> '' AND {live} RETURNING key) \
+                 SELECT count(pg_notify($3, key)) FROM d"
+            ),
+            renew_many: format!(
+                "UPDATE {t} AS l SET expires_at = now() + x.ms * interval '1 millisecond', \
+                 version = l.version + 1, ttl_ms = x.ms \
+                 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS x(key, owner, ms) \
+                 WHERE l.key = x.key AND l.owner = x.owner AND l.{live} \
+                 RETURNING l.key, l.owner, {NOW_US}"
+            ),
+            // A max on the key's row (a released placeholder when the key has
+            // none), and the sequence moved past the floor.
+            raise: format!(
+                "WITH s AS (SELECT setval('{seq}', GREATEST(last_value, $2)) FROM {seq}) \
+                 INSERT INTO {t} AS l (key, owner, fence, expires_at, acquired_at) \
+                 SELECT $1, '', $2, 'epoch', now() FROM s \
+                 ON CONFLICT (key) DO UPDATE SET fence = GREATEST(l.fence, EXCLUDED.fence)"
+            ),
+            // Released or expired for the retention, and at or below the
+            // sequence: the next `nextval` exceeds the deleted fence. (A
+            // fence above the sequence — a stale draw that won through
+            // `GREATEST` — keeps its row until the sequence passes it.)
+            sweep: format!(
+                "DELETE FROM {t} WHERE expires_at < now() - $1::bigint * interval '1 millisecond' \
+                 AND acquired_at < now() - $1::bigint * interval '1 millisecond' \
+                 AND fence <= (SELECT last_value FROM {seq})"
+            ),
+            describe: format!(
+                "UPDATE {t} SET info = $3 WHERE key = $1 AND owner = $2 AND owner <> '' AND {live}"
+            ),
+            inspect: format!(
+                "SELECT key, owner, fence, {shown_left}, info FROM {t} \
+                 WHERE key = $1 AND owner <> '' AND {live}"
+            ),
+            list: format!(
+                "SELECT key, owner, fence, {shown_left}, info FROM {t} \
+                 WHERE left(key, length($1)) = $1 AND owner <> '' AND {live} ORDER BY key"
+            ),
+            ddl,
         }
     }
 }

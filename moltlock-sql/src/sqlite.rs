@@ -35,13 +35,9 @@ use sqlx::Row;
 use tokio::time::Instant;
 
 use crate::backend::SqlBackend;
-use crate::config::SqlConfig;
-use crate::convert::{self, holder_info, left_ms, mark_live, millis, pool_options, ttl_chunks};
-use crate::dialect::{DbResult, Ops, Shared};
-
-mod statements;
-
-use statements::Statements;
+use crate::config::{Expiry, SqlConfig};
+use crate::convert::{self, execute, holds, left_ms, mark_live, millis, pool_options, ttl_chunks};
+use crate::dialect::{DbResult, Ops, Shared, Write};
 
 /// Locks in an SQLite database file. Clones share one pool.
 pub type SqliteBackend = SqlBackend<Sqlite>;
@@ -112,12 +108,8 @@ impl Ops for Sqlite {
 
     /// One statement; only when the key is held, a second one reads who
     /// holds it (a report for the waiter, not part of the decision).
-    async fn acquire(
-        db: &Shared<Self>,
-        key: &LockKey,
-        new: &Token,
-        ttl: Duration,
-    ) -> DbResult<CasOutcome> {
+    async fn acquire(db: &Shared<Self>, w: Write<'_>) -> DbResult<CasOutcome> {
+        let Write { key, new, ttl } = w;
         let sql = &db.dialect.sql;
         let ready = db.observed.as_ref().and_then(|o| o.ready(key.as_str()));
         let (holder, version) = ready.unzip();
@@ -163,13 +155,8 @@ impl Ops for Sqlite {
         Ok(CasOutcome::Held(held))
     }
 
-    async fn update(
-        db: &Shared<Self>,
-        key: &LockKey,
-        expected: &Token,
-        new: &Token,
-        ttl: Duration,
-    ) -> DbResult<CasOutcome> {
+    async fn update(db: &Shared<Self>, w: Write<'_>, expected: &Token) -> DbResult<CasOutcome> {
+        let Write { key, new, ttl } = w;
         let transfer = expected != new;
         let sql = &db.dialect.sql;
         let mut query = sqlx::query_scalar(if transfer { &sql.transfer } else { &sql.renew })
@@ -193,28 +180,18 @@ impl Ops for Sqlite {
     }
 
     async fn delete(db: &Shared<Self>, key: &LockKey, owner: &Token) -> DbResult<bool> {
-        let done = sqlx::query(&db.dialect.sql.delete)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .execute(&db.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
+        let args = [key.as_str(), owner.as_str()];
+        Ok(execute(&db.pool, &db.dialect.sql.delete, &args).await? > 0)
     }
 
     async fn inspect(db: &Shared<Self>, key: &LockKey) -> DbResult<Option<HolderInfo>> {
-        let row = sqlx::query(&db.dialect.sql.inspect)
-            .bind(key.as_str())
-            .fetch_optional(&db.pool)
-            .await?;
-        Ok(row.map(|r| holder_info(&r)).transpose()?)
+        Ok(holds(&db.pool, &db.dialect.sql.inspect, key.as_str())
+            .await?
+            .pop())
     }
 
     async fn list(db: &Shared<Self>, prefix: &str) -> DbResult<Vec<HolderInfo>> {
-        let rows = sqlx::query(&db.dialect.sql.list)
-            .bind(prefix)
-            .fetch_all(&db.pool)
-            .await?;
-        Ok(rows.iter().map(holder_info).collect::<Result<_, _>>()?)
+        Ok(holds(&db.pool, &db.dialect.sql.list, prefix).await?)
     }
 
     /// Runs the transaction to its end on a task of its own, so a caller
@@ -236,19 +213,9 @@ impl Ops for Sqlite {
         Ok(renewed)
     }
 
-    async fn describe(
-        db: &Shared<Self>,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> DbResult<bool> {
-        let done = sqlx::query(&db.dialect.sql.describe)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .bind(description)
-            .execute(&db.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
+    async fn describe(db: &Shared<Self>, k: &LockKey, t: &Token, text: &str) -> DbResult<bool> {
+        let args = [k.as_str(), t.as_str(), text];
+        Ok(execute(&db.pool, &db.dialect.sql.describe, &args).await? > 0)
     }
 
     /// Lifts the one counter all keys draw fences from.
@@ -299,4 +266,147 @@ async fn renew_tx(
     }
     tx.commit().await?;
     Ok(out)
+}
+
+/// Milliseconds since the epoch by SQLite's clock.
+const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+
+struct Statements {
+    acquire: String,
+    holder: String,
+    renew: String,
+    renew_many: String,
+    transfer: String,
+    delete: String,
+    raise: String,
+    describe: String,
+    inspect: String,
+    list: String,
+    /// Per column added since the first schema: whether the table has it,
+    /// and how to add it (tables made before it).
+    columns: Vec<(String, String)>,
+    ddl: Vec<String>,
+}
+
+/// The next fence: one above the counter, and at least the clock in µs (ms
+/// × 1,000). The journal runs with `synchronous=NORMAL`, so an OS crash or
+/// power cut can lose the last commits, counter included; fences drawn
+/// after the restart still exceed the lost ones, unless the machine's clock
+/// stepped back past them.
+fn next_fence(seq: &str) -> String {
+    format!("(SELECT max(value + 1, {NOW} * 1000) FROM {seq} WHERE id = 1)")
+}
+
+impl Statements {
+    fn new(cfg: &SqlConfig) -> Result<Self, Error> {
+        let name = cfg.checked_table()?;
+        let seq = format!("\"{name}_fence\"");
+        let observed = cfg.expiry == Expiry::Observed;
+        Ok(Self::build(name, &seq, observed))
+    }
+
+    /// The counter table and the triggers that advance it from `name`'s fences.
+    fn counter_ddl(name: &str, seq: &str) -> Vec<String> {
+        let t = format!("\"{name}\"");
+        let bump =
+            format!("UPDATE {seq} SET value = NEW.fence WHERE id = 1 AND value < NEW.fence;");
+        vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {seq} (id INTEGER PRIMARY KEY CHECK (id = 1), \
+                 value INTEGER NOT NULL)"
+            ),
+            format!("INSERT OR IGNORE INTO {seq} (id, value) VALUES (1, 0)"),
+            format!(
+                "CREATE TRIGGER IF NOT EXISTS \"{name}_fence_ins\" AFTER INSERT ON {t} BEGIN {bump} END"
+            ),
+            format!(
+                "CREATE TRIGGER IF NOT EXISTS \"{name}_fence_upd\" AFTER UPDATE OF fence ON {t} \
+                 BEGIN {bump} END"
+            ),
+        ]
+    }
+
+    /// One table serves both expiry modes (see the Postgres backend's
+    /// statements for the reasoning): every write keeps `expires_at` and
+    /// bumps `version` with the holder's `ttl_ms`; store-clock nodes take a
+    /// key over by `expires_at`, observed-expiry nodes only by the
+    /// `(owner, version)` pair `(?4, ?5)` they watched for its TTL. A
+    /// release deletes the row (the counter keeps the fence history).
+    fn build(name: &str, seq: &str, observed: bool) -> Self {
+        let t = format!("\"{name}\"");
+        let next = next_fence(seq);
+        let (take_if, live) = match observed {
+            false => (
+                format!("{t}.expires_at <= {NOW}"),
+                format!("expires_at > {NOW}"),
+            ),
+            true => (
+                format!("{t}.owner = ?4 AND {t}.version = ?5"),
+                "owner <> ''".to_owned(),
+            ),
+        };
+        let (holder, left) = match observed {
+            false => (
+                format!("owner, expires_at - {NOW}"),
+                format!("expires_at - {NOW}"),
+            ),
+            true => ("owner, version, ttl_ms".to_owned(), "NULL".to_owned()),
+        };
+        let mut ddl = vec![format!(
+            "CREATE TABLE IF NOT EXISTS {t} (key TEXT PRIMARY KEY, owner TEXT NOT NULL, \
+             fence INTEGER NOT NULL, expires_at INTEGER NOT NULL, acquired_at INTEGER NOT NULL, \
+             info TEXT, version INTEGER NOT NULL DEFAULT 0, ttl_ms INTEGER NOT NULL DEFAULT 0)"
+        )];
+        ddl.extend(Self::counter_ddl(name, seq));
+        Self {
+            acquire: format!(
+                "INSERT INTO {t} (key, owner, fence, expires_at, acquired_at, version, ttl_ms) \
+                 VALUES (?1, ?2, {next}, {NOW} + ?3, {NOW}, 1, ?3) \
+                 ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, \
+                 expires_at = excluded.expires_at, acquired_at = excluded.acquired_at, info = NULL, \
+                 version = {t}.version + 1, ttl_ms = excluded.ttl_ms \
+                 WHERE {take_if} RETURNING fence"
+            ),
+            holder: format!("SELECT {holder} FROM {t} WHERE key = ?1"),
+            renew: format!(
+                "UPDATE {t} SET expires_at = {NOW} + ?3, version = version + 1, ttl_ms = ?3 \
+                 WHERE key = ?1 AND owner = ?2 AND {live} RETURNING fence"
+            ),
+            renew_many: format!(
+                "UPDATE {t} SET expires_at = {NOW} + ?, version = version + 1, ttl_ms = ? \
+                 WHERE {live} AND (key, owner) IN (VALUES"
+            ),
+            transfer: format!(
+                "UPDATE {t} SET owner = ?4, fence = {next}, acquired_at = {NOW}, \
+                 expires_at = {NOW} + ?3, info = NULL, version = version + 1, ttl_ms = ?3 \
+                 WHERE key = ?1 AND owner = ?2 AND {live} RETURNING fence"
+            ),
+            delete: format!("DELETE FROM {t} WHERE key = ?1 AND owner = ?2 AND {live}"),
+            raise: format!("UPDATE {seq} SET value = max(value, ?1) WHERE id = 1"),
+            describe: format!(
+                "UPDATE {t} SET info = ?3 WHERE key = ?1 AND owner = ?2 AND {live}"
+            ),
+            inspect: format!(
+                "SELECT key, owner, fence, {left}, info FROM {t} WHERE key = ?1 AND {live}"
+            ),
+            list: format!(
+                "SELECT key, owner, fence, {left}, info FROM {t} \
+                 WHERE substr(key, 1, length(?1)) = ?1 AND {live} ORDER BY key"
+            ),
+            columns: [
+                ("info", "TEXT"),
+                ("version", "INTEGER NOT NULL DEFAULT 0"),
+                ("ttl_ms", "INTEGER NOT NULL DEFAULT 0"),
+            ]
+            .iter()
+            .map(|(column, decl)| {
+                (
+                    format!("SELECT count(*) FROM pragma_table_info('{name}') WHERE name = '{column}'"),
+                    format!("ALTER TABLE {t} ADD COLUMN {column} {decl}"),
+                )
+            })
+            .collect(),
+            ddl,
+        }
+    }
 }

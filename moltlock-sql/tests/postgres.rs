@@ -400,16 +400,10 @@ async fn a_backend_on_the_applications_pool_leaves_it_usable() {
     let b = PostgresBackend::from_client(pool.clone(), cfg)
         .await
         .unwrap();
-    let manager = LockManager::new(b);
-    let g = manager.lock("app/job").await.unwrap();
+    let g = LockManager::new(b).lock("app/job").await.unwrap();
     assert!(g.is_held());
     g.release().await.unwrap();
-    drop(manager);
-    let one: i32 = sqlx::query_scalar("SELECT 1")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(one, 1);
+    // The application's pool still serves the application: it drops the table.
     for drop in [
         format!("TABLE \"{table}\""),
         format!("SEQUENCE \"{table}_fence\""),
