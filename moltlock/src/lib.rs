@@ -43,6 +43,10 @@ pub use moltlock_sql::mysql;
 pub use moltlock_sql::postgres;
 #[cfg(feature = "sqlite")]
 pub use moltlock_sql::sqlite;
+/// The settings of the SQL backends (`SqlConfig::from_url`, builder
+/// setters) and the generic backend they share.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub use moltlock_sql::{SqlBackend, SqlConfig};
 
 /// The stores a URL can name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
