@@ -138,7 +138,7 @@ impl SqlConfig {
                 let n = value.parse().map_err(|_| {
                     Error::config(format!("max_connections={value:?} is not a number"))
                 })?;
-                *self = self.clone().max_connections(n);
+                self.max_connections = u32::max(n, 1);
             }
             "acquire_timeout" => self.acquire_timeout = parse_duration(name, value)?,
             "connect_timeout" => self.connect_timeout = Some(parse_duration(name, value)?),
