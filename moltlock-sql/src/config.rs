@@ -1,26 +1,31 @@
-//! Settings shared by the SQL backends.
+//! Settings shared by the SQL backends: [`SqlConfig::from_url`] and builder
+//! setters, the one convention every MoltLock store follows.
 
 use std::fmt;
 use std::time::Duration;
 
-use moltlock_core::Error;
+use moltlock_core::{parse_duration, redact, Error, Secret};
 
 /// The default table name.
 pub const DEFAULT_TABLE: &str = "moltlock_locks";
 
 /// How to reach the database and where the locks live.
 ///
-/// The URL may hold a password; `Debug` never shows it.
+/// Made by [`from_url`](Self::from_url) (or [`Default`], for a backend built
+/// from an application's pool with `from_client`) and adjusted by the
+/// builder setters. The URL may hold a password; `Debug` shows it through
+/// [`moltlock_core::redact`].
 #[derive(Clone)]
 pub struct SqlConfig {
-    pub(crate) url: String,
+    pub(crate) url: Secret,
     pub(crate) table: String,
     pub(crate) schema: Option<String>,
     pub(crate) unlogged: bool,
     pub(crate) max_connections: u32,
     pub(crate) acquire_timeout: Duration,
+    pub(crate) connect_timeout: Option<Duration>,
     pub(crate) auto_migrate: bool,
-    pub(crate) expiry: Result<Expiry, String>,
+    pub(crate) expiry: Expiry,
 }
 
 /// How holds expire.
@@ -40,43 +45,117 @@ pub enum Expiry {
     /// can move between them node by node: observed-expiry nodes take over
     /// a store-clock node's dead hold after watching it, and store-clock
     /// nodes judge observed-expiry holds by the clock as their own.
+    /// Postgres and SQLite only.
     Observed,
 }
 
 impl fmt::Debug for SqlConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqlConfig")
-            .field("url", &redact(&self.url))
+            .field("url", &redact(self.url.expose()))
             .field("table", &self.table)
             .field("schema", &self.schema)
             .field("unlogged", &self.unlogged)
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout", &self.acquire_timeout)
+            .field("connect_timeout", &self.connect_timeout)
             .field("auto_migrate", &self.auto_migrate)
             .field("expiry", &self.expiry)
             .finish()
     }
 }
 
-impl SqlConfig {
-    /// Settings for `url` with the defaults: table `moltlock_locks`, the
-    /// connection's default schema, a logged table, 10 pooled connections,
-    /// 5 s to get one, and the schema created on connect.
-    ///
-    /// A URL parameter `expiry=observed` (or `expiry=store`) chooses the
-    /// [`Expiry`] mode; it is taken out of the URL the driver sees.
-    pub fn new(url: impl Into<String>) -> Self {
-        let (url, expiry) = take_expiry(url.into());
+/// The defaults, with no URL: for `from_client`, which reuses a pool.
+impl Default for SqlConfig {
+    fn default() -> Self {
         Self {
-            url,
-            expiry,
+            url: Secret::new(String::new()),
             table: DEFAULT_TABLE.to_owned(),
             schema: None,
             unlogged: false,
             max_connections: 10,
             acquire_timeout: Duration::from_secs(5),
+            connect_timeout: None,
             auto_migrate: true,
+            expiry: Expiry::StoreClock,
         }
+    }
+}
+
+impl SqlConfig {
+    /// Settings for `url` (`postgres://user:pw@host/db`, `mysql://…`,
+    /// `sqlite://path/to/file.db` or a bare SQLite path). Defaults: table
+    /// `moltlock_locks`, the connection's default schema, a logged table,
+    /// 10 pooled connections, 5 s to get one, no connect timeout of its own
+    /// (getting the first connection is bounded by the acquire timeout),
+    /// the schema created on connect, expiry by the database clock.
+    ///
+    /// Query parameters MoltLock reads, taken out of the URL the driver
+    /// sees (every other parameter goes to the driver): `table`, `schema`,
+    /// `unlogged=true|false`, `max_connections`, `acquire_timeout` and
+    /// `connect_timeout` (durations as [`moltlock_core::parse_duration`]
+    /// writes them: `250ms`, `5s`, `2m`), `auto_migrate=true|false` and
+    /// `expiry=store|observed` ([`Expiry`]). Names are checked when
+    /// connecting.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a malformed value of one of those parameters.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let (base, query) = match url.split_once('?') {
+            Some((base, query)) => (base, query),
+            None => (url, ""),
+        };
+        let mut cfg = Self::default();
+        let mut rest = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if !cfg.set(name, value)? {
+                rest.push(pair);
+            }
+        }
+        cfg.url = Secret::new(match rest.is_empty() {
+            true => base.to_owned(),
+            false => format!("{base}?{}", rest.join("&")),
+        });
+        Ok(cfg)
+    }
+
+    /// Applies the URL parameter `name=value` if it is one of ours.
+    fn set(&mut self, name: &str, value: &str) -> Result<bool, Error> {
+        let flag = |v: &str| match v {
+            "true" | "1" | "" => Ok(true),
+            "false" | "0" => Ok(false),
+            other => Err(Error::config(format!(
+                "{name}={other:?}: use {name}=true or {name}=false"
+            ))),
+        };
+        match name {
+            "table" => self.table = value.to_owned(),
+            "schema" => self.schema = Some(value.to_owned()),
+            "unlogged" => self.unlogged = flag(value)?,
+            "auto_migrate" => self.auto_migrate = flag(value)?,
+            "max_connections" => {
+                let n = value.parse().map_err(|_| {
+                    Error::config(format!("max_connections={value:?} is not a number"))
+                })?;
+                self.max_connections = u32::max(n, 1);
+            }
+            "acquire_timeout" => self.acquire_timeout = parse_duration(name, value)?,
+            "connect_timeout" => self.connect_timeout = Some(parse_duration(name, value)?),
+            "expiry" => {
+                self.expiry = match value {
+                    "store" => Expiry::StoreClock,
+                    "observed" => Expiry::Observed,
+                    other => {
+                        return Err(Error::config(format!(
+                            "unknown expiry mode {other:?}: use expiry=store or expiry=observed"
+                        )))
+                    }
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
     }
 
     /// The table name: 1 to 48 ASCII letters, digits and underscores, not
@@ -103,7 +182,7 @@ impl SqlConfig {
         self
     }
 
-    /// The most pooled connections.
+    /// The most pooled connections (at least 1).
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n.max(1);
         self
@@ -113,6 +192,13 @@ impl SqlConfig {
     /// [`Error::Unavailable`].
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
+        self
+    }
+
+    /// How long connecting (first connection, schema, sweep) may take in
+    /// all before [`Error::Unavailable`]. Default: no bound of its own.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
         self
     }
 
@@ -126,13 +212,13 @@ impl SqlConfig {
 
     /// How holds expire (default: by the database clock).
     pub fn expiry(mut self, expiry: Expiry) -> Self {
-        self.expiry = Ok(expiry);
+        self.expiry = expiry;
         self
     }
 
-    /// The expiry mode after validation.
-    pub(crate) fn checked_expiry(&self) -> Result<Expiry, Error> {
-        self.expiry.clone().map_err(Error::Config)
+    /// The URL the driver connects to (MoltLock's parameters taken out).
+    pub(crate) fn url(&self) -> &str {
+        self.url.expose()
     }
 
     /// The table name after validation.
@@ -142,7 +228,7 @@ impl SqlConfig {
     }
 
     /// The schema name after validation.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg(feature = "postgres")]
     pub(crate) fn checked_schema(&self) -> Result<Option<&str>, Error> {
         match &self.schema {
             Some(s) => check_ident(s, "schema").map(|()| Some(s.as_str())),
@@ -151,39 +237,12 @@ impl SqlConfig {
     }
 }
 
-/// Splits an `expiry=` query parameter off `url`.
-fn take_expiry(url: String) -> (String, Result<Expiry, String>) {
-    let Some((base, query)) = url.split_once('?') else {
-        return (url, Ok(Expiry::default()));
-    };
-    let mut expiry = Ok(Expiry::default());
-    let rest: Vec<&str> = query
-        .split('&')
-        .filter(|pair| match pair.strip_prefix("expiry=") {
-            Some("observed") => {
-                expiry = Ok(Expiry::Observed);
-                false
-            }
-            Some("store") => false,
-            Some(other) => {
-                expiry = Err(format!(
-                    "unknown expiry mode {other:?}: use expiry=store or expiry=observed"
-                ));
-                false
-            }
-            None => true,
-        })
-        .collect();
-    let url = match rest.is_empty() {
-        true => base.to_owned(),
-        false => format!("{base}?{}", rest.join("&")),
-    };
-    (url, expiry)
-}
-
 /// Accepts `[A-Za-z_][A-Za-z0-9_]{0,47}`: safe to splice into SQL quoted, and
 /// short enough for derived names (sequences, triggers, channels) to fit the
 /// 63-byte identifier limit.
+///
+/// # Errors
+/// [`Error::Config`] naming `what` for any other name.
 pub fn check_ident(name: &str, what: &str) -> Result<(), Error> {
     let mut chars = name.chars();
     let first_ok = chars
@@ -197,13 +256,6 @@ pub fn check_ident(name: &str, what: &str) -> Result<(), Error> {
         "the {what} name {name:?} is not a plain SQL identifier (letters, digits and _, \
          not starting with a digit, at most 48 bytes)"
     )))
-}
-
-/// The URL with its user information and any password-like query parameter
-/// (`?password=…`) replaced by `***`: [`moltlock_core::redact`], the one
-/// rule every parser and error path uses.
-pub fn redact(url: &str) -> String {
-    moltlock_core::redact(url)
 }
 
 #[cfg(test)]
@@ -232,30 +284,54 @@ mod tests {
 
     #[test]
     fn expiry_mode_comes_from_the_url() {
-        let cfg = SqlConfig::new("postgres://h/db?sslmode=disable&expiry=observed");
-        assert_eq!(cfg.url, "postgres://h/db?sslmode=disable");
-        assert_eq!(cfg.checked_expiry().ok(), Some(Expiry::Observed));
-        let cfg = SqlConfig::new("sqlite://x.db?expiry=store");
-        assert_eq!(cfg.url, "sqlite://x.db");
-        assert_eq!(cfg.checked_expiry().ok(), Some(Expiry::StoreClock));
-        let bad = SqlConfig::new("sqlite://x.db?expiry=sometimes");
-        assert!(matches!(bad.checked_expiry(), Err(Error::Config(_))));
+        let cfg = SqlConfig::from_url("postgres://h/db?sslmode=disable&expiry=observed").unwrap();
+        assert_eq!(cfg.url(), "postgres://h/db?sslmode=disable");
+        assert_eq!(cfg.expiry, Expiry::Observed);
+        let cfg = SqlConfig::from_url("sqlite://x.db?expiry=store").unwrap();
+        assert_eq!(cfg.url(), "sqlite://x.db");
+        assert_eq!(cfg.expiry, Expiry::StoreClock);
+        let bad = SqlConfig::from_url("sqlite://x.db?expiry=sometimes");
+        assert!(matches!(bad, Err(Error::Config(_))), "{bad:?}");
+        let cfg = SqlConfig::from_url("sqlite://x.db").unwrap();
+        assert_eq!(cfg.expiry, Expiry::StoreClock);
+    }
+
+    #[test]
+    fn options_come_from_the_url() {
+        let cfg = SqlConfig::from_url(
+            "postgres://h/db?table=t1&schema=s1&unlogged=true&max_connections=3\
+             &acquire_timeout=250ms&connect_timeout=5s&auto_migrate=false&sslmode=require",
+        )
+        .unwrap();
+        assert_eq!(cfg.url(), "postgres://h/db?sslmode=require");
         assert_eq!(
-            SqlConfig::new("sqlite://x.db").checked_expiry().ok(),
-            Some(Expiry::StoreClock)
+            (cfg.table.as_str(), cfg.schema.as_deref()),
+            ("t1", Some("s1"))
         );
+        assert!(cfg.unlogged && !cfg.auto_migrate);
+        assert_eq!(cfg.max_connections, 3);
+        assert_eq!(cfg.acquire_timeout, Duration::from_millis(250));
+        assert_eq!(cfg.connect_timeout, Some(Duration::from_secs(5)));
+        for bad in [
+            "acquire_timeout=5",
+            "connect_timeout=x",
+            "unlogged=maybe",
+            "max_connections=-1",
+        ] {
+            let res = SqlConfig::from_url(&format!("postgres://h/db?{bad}"));
+            assert!(matches!(res, Err(Error::Config(_))), "{bad}: {res:?}");
+        }
     }
 
     #[test]
     fn passwords_never_show() {
-        let cfg = SqlConfig::new("postgres://app:s3cret@db:5432/locks?sslmode=require");
+        let cfg =
+            SqlConfig::from_url("postgres://app:s3cret@db:5432/locks?sslmode=require").unwrap();
         let shown = format!("{cfg:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("postgres://***@db:5432/locks"), "{shown}");
-        let cfg = SqlConfig::new("postgres://db/locks?user=app&password=s3cret");
+        let cfg = SqlConfig::from_url("postgres://db/locks?user=app&password=s3cret").unwrap();
         let shown = format!("{cfg:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
-        assert_eq!(redact("sqlite://./x.db"), "sqlite://./x.db");
-        assert_eq!(redact("mysql://root:pw@h/db"), "mysql://***@h/db");
     }
 }

@@ -1,12 +1,18 @@
 //! Conversions and pool settings the SQL backends share.
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use moltlock_core::{Fence, HolderInfo, LockKey, RenewItem, Token};
-use sqlx::{ColumnIndex, Database, Decode, Row, Type};
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use moltlock_core::RenewItem;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use moltlock_core::{Fence, HolderInfo, Token};
+use sqlx::Database;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use sqlx::{ColumnIndex, Decode, Row, Type};
 
-use crate::SqlConfig;
+use crate::config::SqlConfig;
 
 /// How long an expired or released row is kept before it is swept (the
 /// Postgres and MySQL backends; SQLite deletes released rows at once).
@@ -14,10 +20,8 @@ pub const RETENTION: Duration = Duration::from_secs(3600);
 
 /// Counts releases: one in 1,024 is due to sweep expired rows.
 #[derive(Default)]
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-pub(crate) struct SweepCounter(std::sync::atomic::AtomicU64);
+pub struct SweepCounter(std::sync::atomic::AtomicU64);
 
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 impl SweepCounter {
     /// Counts one release; true when a sweep is due.
     pub(crate) fn release_is_due(&self) -> bool {
@@ -27,25 +31,25 @@ impl SweepCounter {
 }
 
 /// A TTL in whole milliseconds, saturating.
-#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn millis(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// A TTL in whole microseconds, saturating.
-#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+#[cfg(feature = "mysql")]
 pub(crate) fn micros(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// A fence stored as a signed integer (never negative in practice).
-#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn fence(v: i64) -> Fence {
     Fence(u64::try_from(v).unwrap_or(0))
 }
 
 /// Time left, from milliseconds the database computed.
-#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn left_ms(v: Option<i64>) -> Option<Duration> {
     v.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
 }
@@ -58,7 +62,7 @@ pub(crate) fn pool_options<DB: Database>(cfg: &SqlConfig) -> sqlx::pool::PoolOpt
 }
 
 /// A hold from a row of `(key, owner, fence, ms left, description)`.
-#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn holder_info<'r, R>(row: &'r R) -> Result<HolderInfo, sqlx::Error>
 where
     R: Row,
@@ -78,7 +82,7 @@ where
 
 /// The indexes of `items`, grouped by TTL and cut into runs of at most
 /// `chunk`, so each run can be renewed by one statement.
-#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) fn ttl_chunks(items: &[RenewItem], chunk: usize) -> Vec<(Duration, Vec<usize>)> {
     let mut by_ttl: BTreeMap<Duration, Vec<usize>> = BTreeMap::new();
     for (i, item) in items.iter().enumerate() {
@@ -94,15 +98,9 @@ pub(crate) fn ttl_chunks(items: &[RenewItem], chunk: usize) -> Vec<(Duration, Ve
         .collect()
 }
 
-/// `(?, ?), (?, ?), …`: `n` placeholder pairs for `(key, owner)` values.
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-pub(crate) fn pair_placeholders(n: usize) -> String {
-    vec!["(?, ?)"; n].join(", ")
-}
-
 /// Marks in `out` which holds of `idx` are among the `(key, owner)` pairs a
 /// renewal statement reported live.
-#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) fn mark_live(
     items: &[RenewItem],
     idx: &[usize],
@@ -115,47 +113,70 @@ pub(crate) fn mark_live(
     }
 }
 
-/// The number of rows a statement changed, for the stores whose owner-checked
-/// delete reports it that way.
+/// The number of rows a statement changed (sqlx's result types have no
+/// common trait for it).
 pub(crate) trait RowsChanged {
     /// Rows the statement changed.
     fn changed(&self) -> u64;
 }
 
-#[cfg(feature = "sqlite")]
-impl RowsChanged for sqlx::sqlite::SqliteQueryResult {
-    fn changed(&self) -> u64 {
-        self.rows_affected()
-    }
+macro_rules! rows_changed {
+    ($($feature:literal => $result:ty),*) => {$(
+        #[cfg(feature = $feature)]
+        impl RowsChanged for $result {
+            fn changed(&self) -> u64 {
+                self.rows_affected()
+            }
+        }
+    )*};
 }
 
-#[cfg(feature = "mysql")]
-impl RowsChanged for sqlx::mysql::MySqlQueryResult {
-    fn changed(&self) -> u64 {
-        self.rows_affected()
-    }
-}
+rows_changed!(
+    "postgres" => sqlx::postgres::PgQueryResult,
+    "sqlite" => sqlx::sqlite::SqliteQueryResult,
+    "mysql" => sqlx::mysql::MySqlQueryResult
+);
 
-/// Runs an owner-checked `DELETE` (`key`, `owner` bound in that order) and
-/// says whether it removed the hold.
-#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
-pub(crate) async fn delete_owned<DB>(
+/// Runs `sql` with the text parameters `args` bound in order; returns how
+/// many rows it changed.
+pub(crate) async fn execute<DB>(
     pool: &sqlx::Pool<DB>,
     sql: &str,
-    key: &LockKey,
-    owner: &Token,
-) -> Result<bool, sqlx::Error>
+    args: &[&str],
+) -> Result<u64, sqlx::Error>
 where
     DB: Database,
     DB::QueryResult: RowsChanged,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> <DB as Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let mut query = sqlx::query(sql);
+    for arg in args {
+        query = query.bind(*arg);
+    }
+    Ok(query.execute(pool).await?.changed())
+}
+
+/// The holds `sql` reads (rows of `(key, owner, fence, ms left,
+/// description)`), with `arg` (a key or a prefix) as its one parameter.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) async fn holds<DB>(
+    pool: &sqlx::Pool<DB>,
+    sql: &str,
+    arg: &str,
+) -> Result<Vec<HolderInfo>, sqlx::Error>
+where
+    DB: Database,
+    usize: ColumnIndex<DB::Row>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> Option<String>: Decode<'r, DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'r> Option<i64>: Decode<'r, DB>,
     for<'q> &'q str: sqlx::Encode<'q, DB> + Type<DB>,
     for<'q> <DB as Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
 {
-    let done = sqlx::query(sql)
-        .bind(key.as_str())
-        .bind(owner.as_str())
-        .execute(pool)
-        .await?;
-    Ok(done.changed() > 0)
+    let rows = sqlx::query(sql).bind(arg).fetch_all(pool).await?;
+    rows.iter().map(holder_info).collect()
 }

@@ -22,7 +22,7 @@
 //! clock term, which exceeds the swept fence unless the server clock
 //! stepped back by more than the retention. Storage: one row (about 200
 //! bytes plus the key) per key locked within the retention.
-//! [`Backend::raise_fence`] records a per-key floor in a second table (used
+//! [`RaiseFence::raise_fence`](moltlock_core::RaiseFence::raise_fence) records a per-key floor in a second table (used
 //! only while migrating between stores); later fences of that key exceed it.
 //! Waiters poll by the retry policy, sleeping no longer than the holder's
 //! time left. Renewal takes one `UPDATE` and one read per 500 holds.
@@ -44,34 +44,25 @@
 //! ```
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use moltlock_core::{
-    Backend, CasOutcome, Describe, Error, Fence, Held, HolderInfo, Inspect, LockKey, RaiseFence,
-    RenewItem, RenewMany, Token,
-};
+use moltlock_core::{CasOutcome, Error, Fence, Held, HolderInfo, LockKey, RenewItem, Token};
 use sqlx::mysql::{MySqlPool, MySqlRow};
-use sqlx::MySql;
 use sqlx::Row;
 
-use crate::convert::{self, mark_live, micros, pool_options, ttl_chunks, SweepCounter, RETENTION};
-use crate::error::map;
-use crate::{Expiry, SqlConfig};
+use crate::backend::SqlBackend;
+use crate::config::{Expiry, SqlConfig};
+use crate::convert::{execute, mark_live, micros, pool_options, ttl_chunks, RETENTION};
+use crate::dialect::{DbResult, Ops, Shared, Write};
 
-const NAME: &str = "mysql";
-const NOW: &str = "UTC_TIMESTAMP(6)";
-/// The expiry a release writes: long past, whatever the server clock says.
-const RELEASED: &str = "'1970-01-02 00:00:00'";
-/// The holder description column (256 bytes of UTF-8 at most).
-const INFO_COL: &str = "info VARCHAR(256) CHARACTER SET utf8mb4 NULL";
-const MICROS: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
-/// An owner parameter compared byte for byte: the `owner` column has the
-/// table's default collation, which ignores case (and trailing spaces) on
-/// MariaDB and MySQL alike, so a plain `owner = ?` would let a look-alike
-/// token renew or release a hold.
-const EXACT: &str = "CAST(? AS BINARY)";
+/// Locks in a MySQL or MariaDB table. Clones share one pool.
+pub type MySqlBackend = SqlBackend<MySql>;
+
+/// The MySQL/MariaDB dialect of [`SqlBackend`]: its statements.
+pub struct MySql {
+    sql: Statements,
+}
 
 /// Refuses keys the key column cannot tell apart from others: its
 /// `utf8mb4_bin` collation pads with spaces, so `"a"` and `"a "` would be
@@ -88,6 +79,242 @@ fn check_key(key: &LockKey) -> Result<(), Error> {
 
 /// Holds renewed per statement: 500 `(key, owner)` pairs, 1,000 parameters.
 const RENEW_CHUNK: usize = 500;
+
+#[async_trait]
+impl Ops for MySql {
+    type Db = sqlx::MySql;
+    const NAME: &'static str = "mysql";
+    const REPORTS_CLOCK: bool = false;
+    const SWEEPS: bool = true;
+
+    /// Refuses `expiry=observed`: MySQL judges expiry by the server clock.
+    fn new(cfg: &SqlConfig) -> Result<Self, Error> {
+        Ok(Self {
+            sql: Statements::new(cfg)?,
+        })
+    }
+
+    async fn open(cfg: &SqlConfig) -> Result<MySqlPool, sqlx::Error> {
+        pool_options(cfg).connect(cfg.url()).await
+    }
+
+    async fn migrate(db: &Shared<Self>) -> DbResult<()> {
+        for stmt in &db.dialect.sql.ddl {
+            sqlx::query(stmt).execute(&db.pool).await?;
+        }
+        Ok(add_info_column(db).await?)
+    }
+
+    /// A fence is at least the server clock in µs, so the next one exceeds
+    /// a swept row's unless the server clock stepped back by more than the
+    /// retention.
+    async fn sweep(db: &Shared<Self>) -> DbResult<u64> {
+        let done = sqlx::query(&db.dialect.sql.sweep)
+            .bind(micros(RETENTION))
+            .bind(micros(RETENTION))
+            .execute(&db.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    fn check_key(key: &LockKey) -> Result<(), Error> {
+        check_key(key)
+    }
+
+    async fn acquire(db: &Shared<Self>, w: Write<'_>) -> DbResult<CasOutcome> {
+        let Write { key, new, ttl } = w;
+        let done = sqlx::query(&db.dialect.sql.acquire)
+            .bind(key.as_str())
+            .bind(new.as_str())
+            .bind(key.as_str())
+            .bind(micros(ttl))
+            .execute(&db.pool)
+            .await?;
+        match done.last_insert_id() {
+            0 => Ok(held(read(db, key).await?)),
+            fence => Ok(CasOutcome::Acquired {
+                fence: Fence(fence),
+            }),
+        }
+    }
+
+    async fn update(db: &Shared<Self>, w: Write<'_>, expected: &Token) -> DbResult<CasOutcome> {
+        let Write { key, new, ttl } = w;
+        let sql = &db.dialect.sql;
+        let query = if expected == new {
+            sqlx::query(&sql.renew).bind(micros(ttl))
+        } else {
+            sqlx::query(&sql.transfer)
+                .bind(key.as_str())
+                .bind(new.as_str())
+                .bind(micros(ttl))
+        };
+        let done = query
+            .bind(key.as_str())
+            .bind(expected.as_str())
+            .execute(&db.pool)
+            .await?;
+        Ok(match (done.rows_affected(), done.last_insert_id()) {
+            (0, _) | (_, 0) => CasOutcome::Held(Held::default()),
+            (_, fence) => CasOutcome::Acquired {
+                fence: Fence(fence),
+            },
+        })
+    }
+
+    async fn delete(db: &Shared<Self>, key: &LockKey, owner: &Token) -> DbResult<bool> {
+        let args = [key.as_str(), owner.as_str()];
+        Ok(execute(&db.pool, &db.dialect.sql.delete, &args).await? > 0)
+    }
+
+    async fn inspect(db: &Shared<Self>, key: &LockKey) -> DbResult<Option<HolderInfo>> {
+        Ok(read(db, key).await?)
+    }
+
+    async fn list(db: &Shared<Self>, prefix: &str) -> DbResult<Vec<HolderInfo>> {
+        let rows = sqlx::query(&db.dialect.sql.list)
+            .bind(prefix)
+            .bind(prefix)
+            .fetch_all(&db.pool)
+            .await?;
+        let all: Vec<HolderInfo> = rows.iter().map(info).collect::<Result<_, _>>()?;
+        // The padding collation also matches `"a"` for the prefix `"a "`.
+        Ok(all
+            .into_iter()
+            .filter(|i| i.key.starts_with(prefix))
+            .collect())
+    }
+
+    /// One `UPDATE` and one read per 500 holds of a TTL.
+    async fn renew_many(db: &Shared<Self>, items: &[RenewItem]) -> DbResult<Vec<bool>> {
+        let mut out = vec![false; items.len()];
+        for (ttl, idx) in ttl_chunks(items, RENEW_CHUNK) {
+            renew_chunk(db, ttl, items, &idx, &mut out).await?;
+        }
+        Ok(out)
+    }
+
+    /// MySQL counts rows changed, not matched: a description equal to the
+    /// stored one changes nothing, so a read tells whether `owner` holds.
+    async fn describe(db: &Shared<Self>, k: &LockKey, t: &Token, text: &str) -> DbResult<bool> {
+        let args = [text, k.as_str(), t.as_str()];
+        if execute(&db.pool, &db.dialect.sql.describe, &args).await? > 0 {
+            return Ok(true);
+        }
+        let held = read(db, k).await?;
+        Ok(held.is_some_and(|h| &h.holder == t))
+    }
+
+    /// Records `floor` for the key; every later acquisition or transfer of
+    /// it takes a fence above the highest floor recorded.
+    async fn raise_fence(db: &Shared<Self>, key: &LockKey, floor: Fence) -> DbResult<()> {
+        sqlx::query(&db.dialect.sql.raise)
+            .bind(key.as_str())
+            .bind(floor.get())
+            .execute(&db.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+fn info(row: &MySqlRow) -> Result<HolderInfo, sqlx::Error> {
+    let left: Option<i64> = row.try_get(3)?;
+    // A binary collation makes the key column read back as bytes.
+    let key: Vec<u8> = row.try_get(0)?;
+    let key = String::from_utf8(key).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+    Ok(HolderInfo {
+        key,
+        holder: Token::from_stored(row.try_get::<String, _>(1)?),
+        fence: Some(Fence(row.try_get::<u64, _>(2)?)),
+        expires_in: left.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
+        description: row.try_get(4)?,
+    })
+}
+
+/// Adds the description column to a table made before it existed (MySQL
+/// has no `ADD COLUMN IF NOT EXISTS`); a migration racing ours that added it
+/// first is no error.
+async fn add_info_column(db: &Shared<MySql>) -> Result<(), sqlx::Error> {
+    let present: i64 = sqlx::query_scalar(&db.dialect.sql.has_info)
+        .fetch_one(&db.pool)
+        .await?;
+    if present > 0 {
+        return Ok(());
+    }
+    match sqlx::query(&db.dialect.sql.add_info)
+        .execute(&db.pool)
+        .await
+    {
+        Err(sqlx::Error::Database(e)) if e.message().contains("Duplicate column") => Ok(()),
+        other => other.map(drop),
+    }
+}
+
+async fn read(db: &Shared<MySql>, key: &LockKey) -> Result<Option<HolderInfo>, sqlx::Error> {
+    let row = sqlx::query(&db.dialect.sql.read)
+        .bind(key.as_str())
+        .fetch_optional(&db.pool)
+        .await?;
+    row.map(|r| info(&r)).transpose()
+}
+
+/// Renews one run of holds sharing a TTL: one `UPDATE`, then one read of
+/// which `(key, owner)` pairs are now live; marks those in `out`.
+async fn renew_chunk(
+    db: &Shared<MySql>,
+    ttl: Duration,
+    items: &[RenewItem],
+    idx: &[usize],
+    out: &mut [bool],
+) -> Result<(), sqlx::Error> {
+    let (update, select) = db.dialect.sql.renew_chunk(idx.len());
+    let mut query = sqlx::query(&update).bind(micros(ttl));
+    for &i in idx {
+        query = query
+            .bind(items[i].key.as_str())
+            .bind(items[i].token.as_str());
+    }
+    query.execute(&db.pool).await?;
+    let mut query = sqlx::query(&select);
+    for &i in idx {
+        query = query
+            .bind(items[i].key.as_str())
+            .bind(items[i].token.as_str());
+    }
+    let mut live = HashSet::new();
+    for row in query.fetch_all(&db.pool).await? {
+        // A binary collation makes the key column read back as bytes.
+        let key = String::from_utf8_lossy(&row.try_get::<Vec<u8>, _>(0)?).into_owned();
+        live.insert((key, row.try_get::<String, _>(1)?));
+    }
+    mark_live(items, idx, &live, out);
+    Ok(())
+}
+
+/// A refused acquisition: held by whoever the read found (nobody, if the
+/// hold ended in between).
+fn held(row: Option<HolderInfo>) -> CasOutcome {
+    CasOutcome::Held(match row {
+        Some(info) => Held {
+            holder: Some(info.holder),
+            expires_in: info.expires_in,
+            revision: None,
+        },
+        None => Held::default(),
+    })
+}
+
+const NOW: &str = "UTC_TIMESTAMP(6)";
+/// The expiry a release writes: long past, whatever the server clock says.
+const RELEASED: &str = "'1970-01-02 00:00:00'";
+/// The holder description column (256 bytes of UTF-8 at most).
+const INFO_COL: &str = "info VARCHAR(256) CHARACTER SET utf8mb4 NULL";
+const MICROS: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
+/// An owner parameter compared byte for byte: the `owner` column has the
+/// table's default collation, which ignores case (and trailing spaces) on
+/// MariaDB and MySQL alike, so a plain `owner = ?` would let a look-alike
+/// token renew or release a hold.
+const EXACT: &str = "CAST(? AS BINARY)";
 
 struct Statements {
     table: String,
@@ -109,7 +336,7 @@ struct Statements {
 impl Statements {
     fn new(cfg: &SqlConfig) -> Result<Self, Error> {
         let name = cfg.checked_table()?;
-        if cfg.checked_expiry()? != Expiry::StoreClock {
+        if cfg.expiry != Expiry::StoreClock {
             return Err(Error::Config(
                 "the MySQL backend judges expiry by the server clock only (expiry=store)".into(),
             ));
@@ -196,184 +423,12 @@ impl Statements {
     }
 }
 
-/// Locks in a MySQL or MariaDB table. Clones share one pool.
-#[derive(Clone)]
-pub struct MySqlBackend {
-    pool: MySqlPool,
-    sql: Arc<Statements>,
-    releases: Arc<SweepCounter>,
-}
-
-impl std::fmt::Debug for MySqlBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MySqlBackend").finish_non_exhaustive()
-    }
-}
-
-fn info(row: &MySqlRow) -> Result<HolderInfo, sqlx::Error> {
-    let left: Option<i64> = row.try_get(3)?;
-    // A binary collation makes the key column read back as bytes.
-    let key: Vec<u8> = row.try_get(0)?;
-    let key = String::from_utf8(key).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
-    Ok(HolderInfo {
-        key,
-        holder: Token::from_stored(row.try_get::<String, _>(1)?),
-        fence: Some(Fence(row.try_get::<u64, _>(2)?)),
-        expires_in: left.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
-        description: row.try_get(4)?,
-    })
-}
-
-impl MySqlBackend {
-    /// Connects with default settings (`mysql://user:pass@host:port/db`).
-    ///
-    /// # Errors
-    /// [`Error::Config`] for a bad URL, [`Error::Unavailable`] when the
-    /// server does not answer, [`Error::Auth`] for refused credentials.
-    pub async fn connect(url: &str) -> Result<Self, Error> {
-        Self::with_config(SqlConfig::new(url)).await
-    }
-
-    /// Connects with explicit settings, creating the table unless told not to.
-    ///
-    /// # Errors
-    /// As [`connect`](Self::connect), plus [`Error::Config`] for a table
-    /// name that is not a plain identifier.
-    pub async fn with_config(cfg: SqlConfig) -> Result<Self, Error> {
-        let sql = Statements::new(&cfg)?;
-        let pool = pool_options::<MySql>(&cfg)
-            .connect(&cfg.url)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        let backend = Self {
-            pool,
-            sql: Arc::new(sql),
-            releases: Arc::default(),
-        };
-        if cfg.auto_migrate {
-            backend.migrate().await?;
-        }
-        backend.sweep().await?;
-        Ok(backend)
-    }
-
-    /// Deletes rows expired for longer than [`RETENTION`]; returns how
-    /// many. Fences stay monotonic: a fence is at least the server clock in
-    /// µs, so the next one exceeds a swept row's unless the server clock
-    /// stepped back by more than the retention.
-    ///
-    /// # Errors
-    /// Store errors.
-    pub async fn sweep(&self) -> Result<u64, Error> {
-        let done = sqlx::query(&self.sql.sweep)
-            .bind(micros(RETENTION))
-            .bind(micros(RETENTION))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        Ok(done.rows_affected())
-    }
-
-    /// Creates the tables if missing. Idempotent.
-    ///
-    /// # Errors
-    /// Store errors, e.g. [`Error::Auth`] without `CREATE` privilege.
-    pub async fn migrate(&self) -> Result<(), Error> {
-        for stmt in &self.sql.ddl {
-            sqlx::query(stmt)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| map(NAME, e))?;
-        }
-        self.add_info_column().await.map_err(|e| map(NAME, e))
-    }
-
-    /// Adds the description column to a table made before it existed
-    /// (MySQL has no `ADD COLUMN IF NOT EXISTS`); a migration racing ours
-    /// that added it first is no error.
-    async fn add_info_column(&self) -> Result<(), sqlx::Error> {
-        let present: i64 = sqlx::query_scalar(&self.sql.has_info)
-            .fetch_one(&self.pool)
-            .await?;
-        if present > 0 {
-            return Ok(());
-        }
-        match sqlx::query(&self.sql.add_info).execute(&self.pool).await {
-            Err(sqlx::Error::Database(e)) if e.message().contains("Duplicate column") => Ok(()),
-            other => other.map(drop),
-        }
-    }
-
-    async fn read(&self, key: &LockKey) -> Result<Option<HolderInfo>, sqlx::Error> {
-        let row = sqlx::query(&self.sql.read)
-            .bind(key.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| info(&r)).transpose()
-    }
-
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        new: &Token,
-        ttl: Duration,
-    ) -> Result<CasOutcome, sqlx::Error> {
-        let done = sqlx::query(&self.sql.acquire)
-            .bind(key.as_str())
-            .bind(new.as_str())
-            .bind(key.as_str())
-            .bind(micros(ttl))
-            .execute(&self.pool)
-            .await?;
-        match done.last_insert_id() {
-            0 => Ok(held(self.read(key).await?)),
-            fence => Ok(CasOutcome::Acquired {
-                fence: Fence(fence),
-            }),
-        }
-    }
-
-    async fn update(
-        &self,
-        key: &LockKey,
-        expected: &Token,
-        new: &Token,
-        ttl: Duration,
-    ) -> Result<CasOutcome, sqlx::Error> {
-        let query = if expected == new {
-            sqlx::query(&self.sql.renew).bind(micros(ttl))
-        } else {
-            sqlx::query(&self.sql.transfer)
-                .bind(key.as_str())
-                .bind(new.as_str())
-                .bind(micros(ttl))
-        };
-        let done = query
-            .bind(key.as_str())
-            .bind(expected.as_str())
-            .execute(&self.pool)
-            .await?;
-        Ok(match (done.rows_affected(), done.last_insert_id()) {
-            (0, _) | (_, 0) => CasOutcome::Held(Held::default()),
-            (_, fence) => CasOutcome::Acquired {
-                fence: Fence(fence),
-            },
-        })
-    }
-}
-
-impl MySqlBackend {
-    /// Renews one run of holds sharing a TTL: one `UPDATE`, then one read
-    /// of which `(key, owner)` pairs are now live; marks those in `out`.
-    async fn renew_chunk(
-        &self,
-        ttl: Duration,
-        items: &[RenewItem],
-        idx: &[usize],
-        out: &mut [bool],
-    ) -> Result<(), sqlx::Error> {
-        let pairs = vec![format!("(?, {EXACT})"); idx.len()].join(", ");
-        let t = &self.sql.table;
+impl Statements {
+    /// The renewal of `n` `(key, owner)` pairs sharing a TTL, and the read
+    /// of which of them are live afterwards.
+    fn renew_chunk(&self, n: usize) -> (String, String) {
+        let pairs = vec![format!("(?, {EXACT})"); n].join(", ");
+        let t = &self.table;
         let update = format!(
             "UPDATE {t} SET expires_at = {NOW} + INTERVAL ? MICROSECOND \
              WHERE expires_at > {NOW} AND (lock_key, owner) IN ({pairs})"
@@ -381,175 +436,6 @@ impl MySqlBackend {
         let select = format!(
             "SELECT lock_key, owner FROM {t} WHERE expires_at > {NOW} AND (lock_key, owner) IN ({pairs})"
         );
-        let mut query = sqlx::query(&update).bind(micros(ttl));
-        for &i in idx {
-            query = query
-                .bind(items[i].key.as_str())
-                .bind(items[i].token.as_str());
-        }
-        query.execute(&self.pool).await?;
-        let mut query = sqlx::query(&select);
-        for &i in idx {
-            query = query
-                .bind(items[i].key.as_str())
-                .bind(items[i].token.as_str());
-        }
-        let mut live = HashSet::new();
-        for row in query.fetch_all(&self.pool).await? {
-            // A binary collation makes the key column read back as bytes.
-            let key = String::from_utf8_lossy(&row.try_get::<Vec<u8>, _>(0)?).into_owned();
-            live.insert((key, row.try_get::<String, _>(1)?));
-        }
-        mark_live(items, idx, &live, out);
-        Ok(())
-    }
-}
-
-/// A refused acquisition: held by whoever the read found (nobody, if the
-/// hold ended in between).
-fn held(row: Option<HolderInfo>) -> CasOutcome {
-    CasOutcome::Held(match row {
-        Some(info) => Held {
-            holder: Some(info.holder),
-            expires_in: info.expires_in,
-            revision: None,
-        },
-        None => Held::default(),
-    })
-}
-
-#[async_trait]
-impl Backend for MySqlBackend {
-    async fn cas(
-        &self,
-        key: &LockKey,
-        expected: Option<&Token>,
-        new: &Token,
-        ttl: Duration,
-    ) -> Result<CasOutcome, Error> {
-        check_key(key)?;
-        let out = match expected {
-            None => self.acquire(key, new, ttl).await,
-            Some(expected) => self.update(key, expected, new, ttl).await,
-        };
-        out.map_err(|e| map(NAME, e))
-    }
-
-    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        check_key(key)?;
-        let done = convert::delete_owned(&self.pool, &self.sql.delete, key, owner)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        if done && self.releases.release_is_due() {
-            let this = self.clone();
-            tokio::spawn(async move {
-                if let Err(e) = this.sweep().await {
-                    tracing::debug!(error = %e, "sweeping expired rows failed");
-                }
-            });
-        }
-        Ok(done)
-    }
-
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn inspector(&self) -> Option<&dyn Inspect> {
-        Some(self)
-    }
-
-    fn renewer(&self) -> Option<&dyn RenewMany> {
-        Some(self)
-    }
-
-    fn describer(&self) -> Option<&dyn Describe> {
-        Some(self)
-    }
-
-    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
-        Some(self)
-    }
-}
-
-#[async_trait]
-impl Inspect for MySqlBackend {
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        check_key(key)?;
-        self.read(key).await.map_err(|e| map(NAME, e))
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
-        let rows = sqlx::query(&self.sql.list)
-            .bind(prefix)
-            .bind(prefix)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        let all: Vec<HolderInfo> = rows
-            .iter()
-            .map(info)
-            .collect::<Result<_, _>>()
-            .map_err(|e| map(NAME, e))?;
-        // The padding collation also matches `"a"` for the prefix `"a "`.
-        Ok(all
-            .into_iter()
-            .filter(|i| i.key.starts_with(prefix))
-            .collect())
-    }
-}
-
-#[async_trait]
-impl RenewMany for MySqlBackend {
-    /// One `UPDATE` and one read per 500 holds of a TTL.
-    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
-        let mut out = vec![false; items.len()];
-        for (ttl, idx) in ttl_chunks(items, RENEW_CHUNK) {
-            self.renew_chunk(ttl, items, &idx, &mut out)
-                .await
-                .map_err(|e| map(NAME, e))?;
-        }
-        Ok(out)
-    }
-}
-
-#[async_trait]
-impl Describe for MySqlBackend {
-    /// MySQL counts rows changed, not matched: a description equal to the
-    /// stored one changes nothing, so a read tells whether `owner` holds.
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
-        let done = sqlx::query(&self.sql.describe)
-            .bind(description)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        if done.rows_affected() > 0 {
-            return Ok(true);
-        }
-        let held = self.read(key).await.map_err(|e| map(NAME, e))?;
-        Ok(held.is_some_and(|h| &h.holder == owner))
-    }
-}
-
-#[async_trait]
-impl RaiseFence for MySqlBackend {
-    /// Records `floor` for the key; every later acquisition or transfer of
-    /// it takes a fence above the highest floor recorded.
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
-        check_key(key)?;
-        sqlx::query(&self.sql.raise)
-            .bind(key.as_str())
-            .bind(floor.get())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        Ok(())
+        (update, select)
     }
 }

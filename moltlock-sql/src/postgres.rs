@@ -5,7 +5,7 @@
 //! # Schema
 //!
 //! Created on connect (unless [`SqlConfig::auto_migrate`] is off) or by
-//! [`PostgresBackend::migrate`], under a transaction-scoped advisory lock so
+//! [`SqlBackend::migrate`], under a transaction-scoped advisory lock so
 //! concurrent first connections do not race. [`PostgresBackend::ddl`] prints
 //! it for operators who would rather create it themselves and give the
 //! application only `SELECT, INSERT, UPDATE, DELETE` on the table and `USAGE`
@@ -40,7 +40,7 @@
 //!   is deleted (on connect, and after every 1,024th release of a backend),
 //!   unless its fence is above the sequence (a stale draw can win through
 //!   `GREATEST`; such a row stays until the sequence passes it). So the
-//!   next `nextval` exceeds every deleted fence ([`Backend::raise_fence`]
+//!   next `nextval` exceeds every deleted fence ([`RaiseFence::raise_fence`](moltlock_core::RaiseFence::raise_fence)
 //!   moves the sequence too). A release writes the epoch as the expiry, so
 //!   a released key is free whatever the database clock does next. Storage is one row (about 120 bytes plus the
 //!   key) per key locked within the retention window.
@@ -56,27 +56,259 @@
 //!   manager.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use moltlock_core::{
-    Backend, CasOutcome, Describe, Error, Fence, Held, HolderInfo, Inspect, KeyEvents, Limits,
-    LockKey, RaiseFence, ReleaseWatch, RenewItem, RenewMany, StoreClock, Token, Watch,
+    CasOutcome, Error, Fence, Held, HolderInfo, Limits, LockKey, ReleaseWatch, RenewItem, Token,
+    Watch,
 };
-use sqlx::postgres::{PgListener, PgPool};
-use sqlx::Postgres;
+use sqlx::postgres::PgPool;
 use sqlx::Row;
-use tokio::sync::OnceCell;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::convert::{fence, holder_info, left_ms, millis, pool_options, SweepCounter, RETENTION};
+use crate::backend::SqlBackend;
+use crate::config::{Expiry, SqlConfig};
+use crate::convert::{execute, fence, holds, left_ms, millis, pool_options, RETENTION};
+use crate::dialect::{DbResult, Ops, Shared, Write};
 use crate::error::map;
 use crate::observe::Observed;
-use crate::{Expiry, SqlConfig};
 
-const NAME: &str = "postgres";
+mod listen;
+
+use listen::Listener;
+
+/// Locks in a Postgres table. Clones share one pool and one listener.
+pub type PostgresBackend = SqlBackend<Pg>;
+
+/// The Postgres dialect of [`SqlBackend`]: its statements and its
+/// `LISTEN` connection.
+pub struct Pg {
+    sql: Statements,
+    listener: Listener,
+}
+
+impl SqlBackend<Pg> {
+    /// The DDL this backend needs, for operators who create it themselves.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for names that are not plain identifiers.
+    pub fn ddl(cfg: &SqlConfig) -> Result<String, Error> {
+        Ok(Statements::new(cfg)?.ddl.join(";\n") + ";")
+    }
+}
+
+#[async_trait]
+impl Ops for Pg {
+    type Db = sqlx::Postgres;
+    const NAME: &'static str = "postgres";
+    const REPORTS_CLOCK: bool = true;
+    const SWEEPS: bool = true;
+
+    fn new(cfg: &SqlConfig) -> Result<Self, Error> {
+        Ok(Self {
+            sql: Statements::new(cfg)?,
+            listener: Listener::new(format!("moltlock_{}", cfg.table)),
+        })
+    }
+
+    async fn open(cfg: &SqlConfig) -> Result<PgPool, sqlx::Error> {
+        pool_options(cfg).connect(cfg.url()).await
+    }
+
+    async fn migrate(db: &Shared<Self>) -> DbResult<()> {
+        let mut tx = db.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(7243041107)")
+            .execute(&mut *tx)
+            .await?;
+        for stmt in &db.dialect.sql.ddl {
+            sqlx::query(stmt).execute(&mut *tx).await?;
+        }
+        Ok(tx.commit().await?)
+    }
+
+    async fn sweep(db: &Shared<Self>) -> DbResult<u64> {
+        let done = sqlx::query(&db.dialect.sql.sweep)
+            .bind(millis(RETENTION))
+            .execute(&db.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    fn limits() -> Limits {
+        Limits::new().with_min_ttl(Duration::from_millis(10))
+    }
+
+    fn watcher(db: &Shared<Self>) -> Option<&dyn Watch> {
+        Some(db)
+    }
+
+    async fn acquire(db: &Shared<Self>, w: Write<'_>) -> DbResult<CasOutcome> {
+        let Write { key, new, ttl } = w;
+        if let Some(observed) = &db.observed {
+            return acquire_observed(db, observed, w).await;
+        }
+        let sent_at = Instant::now();
+        let row = sqlx::query(&db.dialect.sql.acquire)
+            .bind(key.as_str())
+            .bind(new.as_str())
+            .bind(millis(ttl))
+            .fetch_optional(&db.pool)
+            .await?;
+        let Some(row) = row else {
+            return Ok(CasOutcome::Held(Held::default()));
+        };
+        saw_clock(db, sent_at, row.try_get(3)?);
+        if let Some(f) = row.try_get::<Option<i64>, _>(0)? {
+            return Ok(CasOutcome::Acquired { fence: fence(f) });
+        }
+        Ok(CasOutcome::Held(Held {
+            holder: row.try_get::<Option<String>, _>(1)?.map(Token::from_stored),
+            expires_in: left_ms(row.try_get(2)?),
+            revision: None,
+        }))
+    }
+
+    async fn update(db: &Shared<Self>, w: Write<'_>, expected: &Token) -> DbResult<CasOutcome> {
+        let Write { key, new, ttl } = w;
+        let transfer = expected != new;
+        let sql = &db.dialect.sql;
+        let mut query = sqlx::query(if transfer { &sql.transfer } else { &sql.renew })
+            .bind(key.as_str())
+            .bind(expected.as_str())
+            .bind(millis(ttl));
+        if transfer {
+            query = query.bind(new.as_str());
+        }
+        let sent_at = Instant::now();
+        let row = query.fetch_optional(&db.pool).await?;
+        Ok(match row {
+            Some(row) => {
+                saw_clock(db, sent_at, row.try_get(1)?);
+                CasOutcome::Acquired {
+                    fence: fence(row.try_get(0)?),
+                }
+            }
+            None => CasOutcome::Held(Held::default()),
+        })
+    }
+
+    async fn delete(db: &Shared<Self>, key: &LockKey, owner: &Token) -> DbResult<bool> {
+        let n: i64 = sqlx::query_scalar(&db.dialect.sql.delete)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .bind(db.dialect.listener.channel())
+            .fetch_one(&db.pool)
+            .await?;
+        Ok(n > 0)
+    }
+
+    async fn inspect(db: &Shared<Self>, key: &LockKey) -> DbResult<Option<HolderInfo>> {
+        Ok(holds(&db.pool, &db.dialect.sql.inspect, key.as_str())
+            .await?
+            .pop())
+    }
+
+    async fn list(db: &Shared<Self>, prefix: &str) -> DbResult<Vec<HolderInfo>> {
+        Ok(holds(&db.pool, &db.dialect.sql.list, prefix).await?)
+    }
+
+    async fn renew_many(db: &Shared<Self>, items: &[RenewItem]) -> DbResult<Vec<bool>> {
+        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+        let owners: Vec<&str> = items.iter().map(|i| i.token.as_str()).collect();
+        let ttls: Vec<i64> = items.iter().map(|i| millis(i.ttl)).collect();
+        let sent_at = Instant::now();
+        let rows = sqlx::query(&db.dialect.sql.renew_many)
+            .bind(&keys)
+            .bind(&owners)
+            .bind(&ttls)
+            .fetch_all(&db.pool)
+            .await?;
+        let mut renewed = HashSet::with_capacity(rows.len());
+        for row in &rows {
+            renewed.insert((row.try_get::<String, _>(0)?, row.try_get::<String, _>(1)?));
+        }
+        if let Some(row) = rows.first() {
+            saw_clock(db, sent_at, row.try_get(2)?);
+        }
+        Ok(items
+            .iter()
+            .map(|i| renewed.contains(&(i.key.as_str().to_owned(), i.token.as_str().to_owned())))
+            .collect())
+    }
+
+    async fn describe(db: &Shared<Self>, k: &LockKey, t: &Token, text: &str) -> DbResult<bool> {
+        let args = [k.as_str(), t.as_str(), text];
+        Ok(execute(&db.pool, &db.dialect.sql.describe, &args).await? > 0)
+    }
+
+    /// Raises the key's last fence (and the sequence) to at least `floor`.
+    async fn raise_fence(db: &Shared<Self>, key: &LockKey, floor: Fence) -> DbResult<()> {
+        let floor = i64::try_from(floor.get())
+            .map_err(|_| Error::Config(format!("fence floor {floor} exceeds bigint")))?;
+        sqlx::query(&db.dialect.sql.raise)
+            .bind(key.as_str())
+            .bind(floor)
+            .execute(&db.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+/// An acquisition in the observed-expiry mode: takes a released key, or one
+/// whose holder this process saw unchanged for that holder's TTL.
+async fn acquire_observed(db: &Shared<Pg>, seen: &Observed, w: Write<'_>) -> DbResult<CasOutcome> {
+    let Write { key, new, ttl } = w;
+    let (holder, version) = seen.ready(key.as_str()).unzip();
+    let row = sqlx::query(&db.dialect.sql.acquire)
+        .bind(key.as_str())
+        .bind(new.as_str())
+        .bind(millis(ttl))
+        .bind(holder)
+        .bind(version)
+        .fetch_optional(&db.pool)
+        .await?;
+    let Some(row) = row else {
+        seen.forget(key.as_str());
+        return Ok(CasOutcome::Held(Held::default()));
+    };
+    if let Some(f) = row.try_get::<Option<i64>, _>(0)? {
+        seen.forget(key.as_str());
+        return Ok(CasOutcome::Acquired { fence: fence(f) });
+    }
+    let owner: String = row.try_get::<Option<String>, _>(1)?.unwrap_or_default();
+    let version: i64 = row.try_get::<Option<i64>, _>(2)?.unwrap_or_default();
+    let held_ttl = left_ms(row.try_get(3)?).unwrap_or(ttl);
+    let left = seen.saw(key.as_str(), owner.clone(), version, held_ttl);
+    Ok(CasOutcome::Held(Held {
+        holder: Some(Token::from_stored(owner)),
+        expires_in: Some(left),
+        revision: None,
+    }))
+}
+
+/// Feeds a reply's server clock (µs since the epoch) to the store clock.
+fn saw_clock(db: &Shared<Pg>, sent_at: Instant, now_us: i64) {
+    let us = u64::try_from(now_us).unwrap_or(0);
+    db.saw_clock(sent_at, Duration::from_micros(us));
+}
+
+/// Waits for releases through `LISTEN`, on one connection per backend
+/// opened by the first waiter.
+///
+/// # Cancel safety
+/// A dropped future at most leaves the listening connection open for the
+/// next waiter; no row is written.
+#[async_trait]
+impl Watch for Shared<Pg> {
+    async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error> {
+        let listener = &self.dialect.listener;
+        listener
+            .watch(&self.pool, key.as_str())
+            .await
+            .map_err(|e| map(Pg::NAME, e))
+    }
+}
 
 /// The server clock in microseconds since the epoch, as replies report it.
 const NOW_US: &str = "(extract(epoch FROM now()) * 1000000)::bigint";
@@ -94,8 +326,6 @@ struct Statements {
     inspect: String,
     list: String,
     ddl: Vec<String>,
-    /// The observed-expiry mode's statements.
-    observed: bool,
 }
 
 /// Adds a column to a table made before it existed. Checked first:
@@ -133,7 +363,7 @@ impl Statements {
         ddl.push(add_column(&t, "info", "text"));
         ddl.push(add_column(&t, "version", "bigint NOT NULL DEFAULT 0"));
         ddl.push(add_column(&t, "ttl_ms", "bigint NOT NULL DEFAULT 0"));
-        let observed = cfg.checked_expiry()? == Expiry::Observed;
+        let observed = cfg.expiry == Expiry::Observed;
         Ok(Self::build(&t, &seq, ddl, observed))
     }
 
@@ -240,464 +470,6 @@ impl Statements {
                  WHERE left(key, length($1)) = $1 AND owner <> '' AND {live} ORDER BY key"
             ),
             ddl,
-            observed,
         }
-    }
-}
-
-struct Inner {
-    pool: PgPool,
-    sql: Statements,
-    channel: String,
-    events: Arc<KeyEvents>,
-    listener: OnceCell<JoinHandle<()>>,
-    releases: SweepCounter,
-    /// What this client saw of held keys, in the observed-expiry mode.
-    observed: Option<Observed>,
-    /// The server clock, as replies report it (store-clock mode).
-    clock: StoreClock,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Some(task) = self.listener.get() {
-            task.abort();
-        }
-    }
-}
-
-/// Locks in a Postgres table. Clones share one pool and one listener.
-#[derive(Clone)]
-pub struct PostgresBackend {
-    inner: Arc<Inner>,
-}
-
-impl std::fmt::Debug for PostgresBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresBackend")
-            .field("channel", &self.inner.channel)
-            .finish_non_exhaustive()
-    }
-}
-
-impl PostgresBackend {
-    /// Connects with default settings (`postgres://user:pass@host:port/db`).
-    ///
-    /// # Errors
-    /// [`Error::Config`] for a bad URL, [`Error::Unavailable`] when the
-    /// server does not answer, [`Error::Auth`] for refused credentials.
-    pub async fn connect(url: &str) -> Result<Self, Error> {
-        Self::with_config(SqlConfig::new(url)).await
-    }
-
-    /// Connects with explicit settings, creating the schema unless told not to.
-    ///
-    /// # Errors
-    /// As [`connect`](Self::connect), plus [`Error::Config`] for a table or
-    /// schema name that is not a plain identifier.
-    pub async fn with_config(cfg: SqlConfig) -> Result<Self, Error> {
-        let sql = Statements::new(&cfg)?;
-        let pool = pool_options::<Postgres>(&cfg)
-            .connect(&cfg.url)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        let backend = Self {
-            inner: Arc::new(Inner {
-                pool,
-                channel: format!("moltlock_{}", cfg.table),
-                events: Arc::new(KeyEvents::new()),
-                listener: OnceCell::new(),
-                releases: SweepCounter::default(),
-                observed: sql.observed.then(Observed::default),
-                clock: StoreClock::new(),
-                sql,
-            }),
-        };
-        if cfg.auto_migrate {
-            backend.migrate().await?;
-        }
-        backend.sweep().await?;
-        Ok(backend)
-    }
-
-    /// The DDL this backend needs, for operators who create it themselves.
-    ///
-    /// # Errors
-    /// [`Error::Config`] for names that are not plain identifiers.
-    pub fn ddl(cfg: &SqlConfig) -> Result<String, Error> {
-        Ok(Statements::new(cfg)?.ddl.join(";\n") + ";")
-    }
-
-    /// Creates the sequence and table if missing. Idempotent and safe to run
-    /// from many processes at once.
-    ///
-    /// # Errors
-    /// Store errors, e.g. [`Error::Auth`] without `CREATE` privilege.
-    pub async fn migrate(&self) -> Result<(), Error> {
-        let mut tx = self.inner.pool.begin().await.map_err(|e| map(NAME, e))?;
-        sqlx::query("SELECT pg_advisory_xact_lock(7243041107)")
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        for stmt in &self.inner.sql.ddl {
-            sqlx::query(stmt)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| map(NAME, e))?;
-        }
-        tx.commit().await.map_err(|e| map(NAME, e))
-    }
-
-    /// Deletes rows expired for longer than [`RETENTION`]; returns how many.
-    ///
-    /// # Errors
-    /// Store errors.
-    pub async fn sweep(&self) -> Result<u64, Error> {
-        let done = sqlx::query(&self.inner.sql.sweep)
-            .bind(millis(RETENTION))
-            .execute(&self.inner.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        Ok(done.rows_affected())
-    }
-
-    /// Sweeps in the background after every 1,024th release.
-    fn count_release(&self) {
-        if !self.inner.releases.release_is_due() {
-            return;
-        }
-        let this = self.clone();
-        tokio::spawn(async move {
-            if let Err(e) = this.sweep().await {
-                tracing::debug!(error = %e, "sweeping expired rows failed");
-            }
-        });
-    }
-
-    /// The pool, for tests and tools.
-    pub fn pool(&self) -> &PgPool {
-        &self.inner.pool
-    }
-
-    async fn start_listener(&self) -> Result<JoinHandle<()>, Error> {
-        let (pool, channel) = (&self.inner.pool, &self.inner.channel);
-        let listener = subscribe(pool, channel).await.map_err(|e| map(NAME, e))?;
-        let task = listen(
-            listener,
-            pool.clone(),
-            channel.clone(),
-            self.inner.events.clone(),
-        );
-        Ok(tokio::spawn(task))
-    }
-}
-
-/// A connection that listens on `channel`.
-async fn subscribe(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
-    let mut listener = PgListener::connect_with(pool).await?;
-    listener.listen(channel).await?;
-    Ok(listener)
-}
-
-/// Dispatches notifications to waiters. When the connection drops, it opens
-/// a new one itself and wakes every waiter twice: at once, and again once
-/// the new connection listens — a release sent while nobody listened was
-/// missed, and the woken waiters look for themselves.
-async fn listen(mut listener: PgListener, pool: PgPool, channel: String, events: Arc<KeyEvents>) {
-    loop {
-        match listener.try_recv().await {
-            Ok(Some(n)) => events.fire(n.payload()),
-            Ok(None) | Err(_) => {
-                tracing::debug!("listen connection lost; reconnecting");
-                events.fire_all();
-                listener = loop {
-                    match subscribe(&pool, &channel).await {
-                        Ok(l) => break l,
-                        Err(e) => {
-                            tracing::debug!(error = %e, "listen connection failed; retrying");
-                            events.fire_all();
-                            tokio::time::sleep(Duration::from_millis(250)).await;
-                        }
-                    }
-                };
-                events.fire_all();
-            }
-        }
-    }
-}
-
-impl PostgresBackend {
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        new: &Token,
-        ttl: Duration,
-    ) -> Result<CasOutcome, sqlx::Error> {
-        if let Some(observed) = &self.inner.observed {
-            return self.acquire_observed(observed, key, new, ttl).await;
-        }
-        let sent_at = Instant::now();
-        let row = sqlx::query(&self.inner.sql.acquire)
-            .bind(key.as_str())
-            .bind(new.as_str())
-            .bind(millis(ttl))
-            .fetch_optional(&self.inner.pool)
-            .await?;
-        let Some(row) = row else {
-            return Ok(CasOutcome::Held(Held::default()));
-        };
-        self.saw_clock(sent_at, row.try_get(3)?);
-        if let Some(f) = row.try_get::<Option<i64>, _>(0)? {
-            return Ok(CasOutcome::Acquired { fence: fence(f) });
-        }
-        Ok(CasOutcome::Held(Held {
-            holder: row.try_get::<Option<String>, _>(1)?.map(Token::from_stored),
-            expires_in: left_ms(row.try_get(2)?),
-            revision: None,
-        }))
-    }
-
-    /// An acquisition in the observed-expiry mode: takes a released key, or
-    /// one whose holder this process saw unchanged for that holder's TTL.
-    async fn acquire_observed(
-        &self,
-        observed: &Observed,
-        key: &LockKey,
-        new: &Token,
-        ttl: Duration,
-    ) -> Result<CasOutcome, sqlx::Error> {
-        let (holder, version) = observed.ready(key.as_str()).unzip();
-        let row = sqlx::query(&self.inner.sql.acquire)
-            .bind(key.as_str())
-            .bind(new.as_str())
-            .bind(millis(ttl))
-            .bind(holder)
-            .bind(version)
-            .fetch_optional(&self.inner.pool)
-            .await?;
-        let Some(row) = row else {
-            observed.forget(key.as_str());
-            return Ok(CasOutcome::Held(Held::default()));
-        };
-        if let Some(f) = row.try_get::<Option<i64>, _>(0)? {
-            observed.forget(key.as_str());
-            return Ok(CasOutcome::Acquired { fence: fence(f) });
-        }
-        let owner: String = row.try_get::<Option<String>, _>(1)?.unwrap_or_default();
-        let version: i64 = row.try_get::<Option<i64>, _>(2)?.unwrap_or_default();
-        let held_ttl = left_ms(row.try_get(3)?).unwrap_or(ttl);
-        let left = observed.saw(key.as_str(), owner.clone(), version, held_ttl);
-        Ok(CasOutcome::Held(Held {
-            holder: Some(Token::from_stored(owner)),
-            expires_in: Some(left),
-            revision: None,
-        }))
-    }
-
-    async fn update(
-        &self,
-        key: &LockKey,
-        expected: &Token,
-        new: &Token,
-        ttl: Duration,
-    ) -> Result<CasOutcome, sqlx::Error> {
-        let transfer = expected != new;
-        let sql = if transfer {
-            &self.inner.sql.transfer
-        } else {
-            &self.inner.sql.renew
-        };
-        let mut query = sqlx::query(sql)
-            .bind(key.as_str())
-            .bind(expected.as_str())
-            .bind(millis(ttl));
-        if transfer {
-            query = query.bind(new.as_str());
-        }
-        let sent_at = Instant::now();
-        let row = query.fetch_optional(&self.inner.pool).await?;
-        Ok(match row {
-            Some(row) => {
-                self.saw_clock(sent_at, row.try_get(1)?);
-                CasOutcome::Acquired {
-                    fence: fence(row.try_get(0)?),
-                }
-            }
-            None => CasOutcome::Held(Held::default()),
-        })
-    }
-
-    /// Feeds a reply's server clock (µs since the epoch) to the store clock.
-    fn saw_clock(&self, sent_at: Instant, now_us: i64) {
-        if self.inner.observed.is_none() {
-            let us = u64::try_from(now_us).unwrap_or(0);
-            self.inner.clock.observe(sent_at, Duration::from_micros(us));
-        }
-    }
-}
-
-#[async_trait]
-impl Backend for PostgresBackend {
-    async fn cas(
-        &self,
-        key: &LockKey,
-        expected: Option<&Token>,
-        new: &Token,
-        ttl: Duration,
-    ) -> Result<CasOutcome, Error> {
-        let out = match expected {
-            None => self.acquire(key, new, ttl).await,
-            Some(expected) => self.update(key, expected, new, ttl).await,
-        };
-        out.map_err(|e| map(NAME, e))
-    }
-
-    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        let n: i64 = sqlx::query_scalar(&self.inner.sql.delete)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .bind(&self.inner.channel)
-            .fetch_one(&self.inner.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        if n > 0 {
-            self.count_release();
-        }
-        Ok(n > 0)
-    }
-
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn limits(&self) -> Limits {
-        Limits::new().with_min_ttl(Duration::from_millis(10))
-    }
-
-    fn store_clock(&self) -> Option<&StoreClock> {
-        self.inner.observed.is_none().then_some(&self.inner.clock)
-    }
-
-    fn watcher(&self) -> Option<&dyn Watch> {
-        Some(self)
-    }
-
-    fn inspector(&self) -> Option<&dyn Inspect> {
-        Some(self)
-    }
-
-    fn renewer(&self) -> Option<&dyn RenewMany> {
-        Some(self)
-    }
-
-    fn describer(&self) -> Option<&dyn Describe> {
-        Some(self)
-    }
-
-    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
-        Some(self)
-    }
-}
-
-#[async_trait]
-impl Watch for PostgresBackend {
-    async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error> {
-        self.inner
-            .listener
-            .get_or_try_init(|| self.start_listener())
-            .await?;
-        Ok(self.inner.events.subscribe(key.as_str()))
-    }
-}
-
-#[async_trait]
-impl Inspect for PostgresBackend {
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        let row = sqlx::query(&self.inner.sql.inspect)
-            .bind(key.as_str())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        row.map(|r| holder_info(&r))
-            .transpose()
-            .map_err(|e| map(NAME, e))
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
-        let rows = sqlx::query(&self.inner.sql.list)
-            .bind(prefix)
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        rows.iter()
-            .map(holder_info)
-            .collect::<Result<_, _>>()
-            .map_err(|e| map(NAME, e))
-    }
-}
-
-#[async_trait]
-impl RenewMany for PostgresBackend {
-    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
-        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
-        let owners: Vec<&str> = items.iter().map(|i| i.token.as_str()).collect();
-        let ttls: Vec<i64> = items.iter().map(|i| millis(i.ttl)).collect();
-        let sent_at = Instant::now();
-        let rows = sqlx::query(&self.inner.sql.renew_many)
-            .bind(&keys)
-            .bind(&owners)
-            .bind(&ttls)
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        let mut renewed = HashSet::with_capacity(rows.len());
-        for row in &rows {
-            let key: String = row.try_get(0).map_err(|e| map(NAME, e))?;
-            let owner: String = row.try_get(1).map_err(|e| map(NAME, e))?;
-            renewed.insert((key, owner));
-        }
-        if let Some(row) = rows.first() {
-            self.saw_clock(sent_at, row.try_get(2).map_err(|e| map(NAME, e))?);
-        }
-        Ok(items
-            .iter()
-            .map(|i| renewed.contains(&(i.key.as_str().to_owned(), i.token.as_str().to_owned())))
-            .collect())
-    }
-}
-
-#[async_trait]
-impl Describe for PostgresBackend {
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
-        let done = sqlx::query(&self.inner.sql.describe)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .bind(description)
-            .execute(&self.inner.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        Ok(done.rows_affected() > 0)
-    }
-}
-
-#[async_trait]
-impl RaiseFence for PostgresBackend {
-    /// Raises the key's last fence (and the sequence) to at least `floor`;
-    /// never lowers either, so every later fence of the key exceeds both.
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
-        let floor = i64::try_from(floor.get())
-            .map_err(|_| Error::Config(format!("fence floor {floor} exceeds bigint")))?;
-        sqlx::query(&self.inner.sql.raise)
-            .bind(key.as_str())
-            .bind(floor)
-            .execute(&self.inner.pool)
-            .await
-            .map_err(|e| map(NAME, e))?;
-        Ok(())
     }
 }

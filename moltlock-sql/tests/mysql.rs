@@ -11,7 +11,7 @@ fn url() -> Result<String, Error> {
 
 fn mysql() -> moltlock_conformance::Factory {
     moltlock_fixtures::conformance_factory(mysql::shared_url(), |url| async move {
-        MySqlBackend::connect(&url).await
+        MySqlBackend::from_url(&url).await
     })
 }
 
@@ -20,7 +20,8 @@ moltlock_conformance::conformance_tests!(mysql(), without: [watch, fair_queue]);
 #[tokio::test]
 async fn table_names_are_validated() {
     let url = url().unwrap_or_else(|e| panic!("{e}"));
-    let res = MySqlBackend::with_config(SqlConfig::new(&url).table("x`; DROP TABLE y")).await;
+    let res =
+        MySqlBackend::connect(SqlConfig::from_url(&url).unwrap().table("x`; DROP TABLE y")).await;
     assert!(matches!(res, Err(Error::Config(_))), "{res:?}");
 }
 
@@ -28,7 +29,7 @@ async fn table_names_are_validated() {
 async fn wrong_password_is_an_auth_error() {
     let url = url().unwrap_or_else(|e| panic!("{e}"));
     let bad = url.replacen("root@", "root:definitely-wrong@", 1);
-    let res = MySqlBackend::connect(&bad).await;
+    let res = MySqlBackend::from_url(&bad).await;
     assert!(matches!(res, Err(Error::Auth { .. })), "{res:?}");
 }
 
@@ -38,7 +39,7 @@ async fn wrong_password_is_an_auth_error() {
 async fn many_holds_stay_renewed() {
     use std::time::Duration;
     let url = url().unwrap_or_else(|e| panic!("{e}"));
-    let backend = MySqlBackend::connect(&url).await.unwrap();
+    let backend = MySqlBackend::from_url(&url).await.unwrap();
     let manager = moltlock_core::LockManager::builder(backend)
         .ttl(Duration::from_secs(2))
         .build()
@@ -62,7 +63,7 @@ async fn release_writes_an_expiry_no_clock_step_revives() {
     use sqlx::Connection;
     let url = url().unwrap_or_else(|e| panic!("{e}"));
     let table = format!("rel_{}", &moltlock_core::Token::random().as_str()[..8]);
-    let backend = MySqlBackend::with_config(SqlConfig::new(&url).table(&table))
+    let backend = MySqlBackend::connect(SqlConfig::from_url(&url).unwrap().table(&table))
         .await
         .unwrap();
     let manager = moltlock_core::LockManager::new(backend);
@@ -86,4 +87,46 @@ async fn release_writes_an_expiry_no_clock_step_revives() {
         "the release wrote an expiry a backward clock step can revive"
     );
     assert_eq!(recent, 1, "the release time was not recorded for the sweep");
+}
+
+#[tokio::test]
+async fn names_itself_and_hands_out_its_extensions() {
+    use moltlock_core::Backend;
+    let b = MySqlBackend::from_url(&url().unwrap_or_else(|e| panic!("{e}")))
+        .await
+        .unwrap();
+    assert_eq!(b.name(), "mysql");
+    assert_eq!(
+        moltlock_core::extension::extensions(&b),
+        ["inspect", "renew_many", "describe", "raise_fence"],
+        "MySQL has no release notifications and no fair queue"
+    );
+}
+
+/// A backend built on the application's own pool takes and releases a
+/// lock, and the pool stays the application's, open and usable.
+#[tokio::test]
+async fn a_backend_on_the_applications_pool_leaves_it_usable() {
+    let url = url().unwrap_or_else(|e| panic!("{e}"));
+    let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+    let table = format!(
+        "app_{}",
+        &moltlock_core::Token::random().as_str().replace('-', "")[..12]
+    );
+    let cfg = SqlConfig::default().table(&table);
+    let b = MySqlBackend::from_client(pool.clone(), cfg).await.unwrap();
+    let g = moltlock_core::LockManager::new(b)
+        .lock("app/job")
+        .await
+        .unwrap();
+    assert!(g.is_held());
+    g.release().await.unwrap();
+    // The application's pool still serves the application: it drops the table.
+    for t in [table.clone(), format!("{table}_floor")] {
+        sqlx::query(&format!("DROP TABLE `{t}`"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    assert!(!pool.is_closed());
 }

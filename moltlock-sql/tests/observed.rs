@@ -16,13 +16,13 @@ const TTL: Duration = Duration::from_millis(1500);
 
 async fn pg() -> Arc<dyn Backend> {
     let url = postgres::shared_url().unwrap();
-    let cfg = SqlConfig::new(url).expiry(Expiry::Observed);
-    Arc::new(PostgresBackend::with_config(cfg).await.unwrap())
+    let cfg = SqlConfig::from_url(&url).unwrap().expiry(Expiry::Observed);
+    Arc::new(PostgresBackend::connect(cfg).await.unwrap())
 }
 
 async fn sqlite(path: &str) -> Arc<dyn Backend> {
     Arc::new(
-        SqliteBackend::connect(&format!("sqlite://{path}?expiry=observed"))
+        SqliteBackend::from_url(&format!("sqlite://{path}?expiry=observed"))
             .await
             .unwrap(),
     )
@@ -98,7 +98,7 @@ async fn live_holder_is_never_taken(holder: Arc<dyn Backend>, waiter: Arc<dyn Ba
 /// own, since they run at once).
 async fn clean_pg(prefix: &str) {
     let url = postgres::shared_url().unwrap();
-    let b = PostgresBackend::connect(&url).await.unwrap();
+    let b = PostgresBackend::from_url(&url).await.unwrap();
     sqlx::query("DELETE FROM moltlock_locks WHERE left(key, length($1)) = $1")
         .bind(prefix)
         .execute(b.pool())
@@ -155,7 +155,7 @@ async fn modes_see_each_others_holds(plain: Arc<dyn Backend>, observed: Arc<dyn 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_modes_share_holds() {
     let url = postgres::shared_url().unwrap();
-    let plain: Arc<dyn Backend> = Arc::new(PostgresBackend::connect(&url).await.unwrap());
+    let plain: Arc<dyn Backend> = Arc::new(PostgresBackend::from_url(&url).await.unwrap());
     modes_see_each_others_holds(plain, pg().await).await;
     clean_pg("observed/mixed/").await;
 }
@@ -164,13 +164,13 @@ async fn postgres_modes_share_holds() {
 async fn sqlite_modes_share_holds() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("mixed.db").display().to_string();
-    let plain: Arc<dyn Backend> = Arc::new(SqliteBackend::connect(&path).await.unwrap());
+    let plain: Arc<dyn Backend> = Arc::new(SqliteBackend::from_url(&path).await.unwrap());
     modes_see_each_others_holds(plain, sqlite(&path).await).await;
 }
 
 #[tokio::test]
 async fn mysql_refuses_observed_expiry() {
-    let cfg = SqlConfig::new("mysql://root@127.0.0.1:1/x?expiry=observed");
-    let res = moltlock_sql::MySqlBackend::with_config(cfg).await;
+    let cfg = SqlConfig::from_url("mysql://root@127.0.0.1:1/x?expiry=observed").unwrap();
+    let res = moltlock_sql::MySqlBackend::connect(cfg).await;
     assert!(matches!(res, Err(Error::Config(_))), "{res:?}");
 }

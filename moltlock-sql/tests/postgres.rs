@@ -10,7 +10,7 @@ use moltlock_sql::{PostgresBackend, SqlConfig};
 
 fn pg() -> moltlock_conformance::Factory {
     moltlock_fixtures::conformance_factory(postgres::shared_url(), |url| async move {
-        PostgresBackend::connect(&url).await
+        PostgresBackend::from_url(&url).await
     })
 }
 
@@ -24,12 +24,12 @@ fn shared() -> String {
 async fn table_and_schema_names_are_validated() {
     let url = shared();
     for bad in ["x; DROP TABLE y", "a\"b", "", "9z", "Ünïcode"] {
-        let res = PostgresBackend::with_config(SqlConfig::new(&url).table(bad)).await;
+        let res = PostgresBackend::connect(SqlConfig::from_url(&url).unwrap().table(bad)).await;
         assert!(
             matches!(res, Err(Error::Config(_))),
             "table {bad:?}: {res:?}"
         );
-        let res = PostgresBackend::with_config(SqlConfig::new(&url).schema(bad)).await;
+        let res = PostgresBackend::connect(SqlConfig::from_url(&url).unwrap().schema(bad)).await;
         assert!(
             matches!(res, Err(Error::Config(_))),
             "schema {bad:?}: {res:?}"
@@ -41,11 +41,12 @@ async fn table_and_schema_names_are_validated() {
 async fn custom_schema_and_unlogged_table_work() {
     let url = shared();
     let suffix = uuid_suffix();
-    let cfg = SqlConfig::new(&url)
+    let cfg = SqlConfig::from_url(&url)
+        .unwrap()
         .schema(format!("ml_{suffix}"))
         .table("fast_locks")
         .unlogged(true);
-    let b = PostgresBackend::with_config(cfg).await.unwrap();
+    let b = PostgresBackend::connect(cfg).await.unwrap();
     let persistence: String = sqlx::query_scalar(
         "SELECT relpersistence::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
          WHERE n.nspname = $1 AND c.relname = 'fast_locks'",
@@ -74,8 +75,8 @@ async fn concurrent_migrations_do_not_race() {
     let table = format!("race_{}", uuid_suffix());
     let mut tasks = Vec::new();
     for _ in 0..6 {
-        let cfg = SqlConfig::new(&url).table(&table);
-        tasks.push(tokio::spawn(PostgresBackend::with_config(cfg)));
+        let cfg = SqlConfig::from_url(&url).unwrap().table(&table);
+        tasks.push(tokio::spawn(PostgresBackend::connect(cfg)));
     }
     let mut last = None;
     for t in tasks {
@@ -93,7 +94,7 @@ async fn concurrent_migrations_do_not_race() {
 
 #[tokio::test]
 async fn ddl_is_documented_for_operators() {
-    let ddl = PostgresBackend::ddl(&SqlConfig::new("postgres://x/y")).unwrap();
+    let ddl = PostgresBackend::ddl(&SqlConfig::from_url("postgres://x/y").unwrap()).unwrap();
     assert!(
         ddl.contains("CREATE SEQUENCE IF NOT EXISTS \"moltlock_locks_fence\""),
         "{ddl}"
@@ -107,9 +108,10 @@ async fn ddl_is_documented_for_operators() {
 #[tokio::test]
 async fn down_server_is_unavailable() {
     let port = moltlock_fixtures::free_port().unwrap();
-    let cfg = SqlConfig::new(format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+    let cfg = SqlConfig::from_url(&format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+        .unwrap()
         .acquire_timeout(Duration::from_secs(2));
-    let res = PostgresBackend::with_config(cfg).await;
+    let res = PostgresBackend::connect(cfg).await;
     assert!(
         matches!(res, Err(ref e) if e.is_retryable()),
         "expected a retryable Unavailable error: {res:?}"
@@ -126,7 +128,7 @@ async fn expiry_follows_the_database_clock() {
         ..PgOptions::default()
     };
     let server = postgres::start(&opts).unwrap_or_else(|e| panic!("{e}"));
-    let b = PostgresBackend::connect(&server.url).await.unwrap();
+    let b = PostgresBackend::from_url(&server.url).await.unwrap();
     let skew: f64 = sqlx::query_scalar("SELECT extract(epoch FROM now())::float8")
         .fetch_one(b.pool())
         .await
@@ -172,7 +174,7 @@ async fn expiry_follows_the_database_clock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_keeps_or_reports_holds_and_fences_grow() {
     let mut server = postgres::start(&PgOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-    let b = PostgresBackend::connect(&server.url).await.unwrap();
+    let b = PostgresBackend::from_url(&server.url).await.unwrap();
     let ttl = Duration::from_secs(3);
     let m = LockManager::builder(b.clone()).ttl(ttl).build().unwrap();
     let mut guards = Vec::new();
@@ -187,7 +189,7 @@ async fn restart_keeps_or_reports_holds_and_fences_grow() {
         .restart_with("INT")
         .unwrap_or_else(|e| panic!("{e}"));
     tokio::time::sleep(ttl * 2).await;
-    let other = LockManager::new(PostgresBackend::connect(&server.url).await.unwrap());
+    let other = LockManager::new(PostgresBackend::from_url(&server.url).await.unwrap());
     for (i, g) in guards.iter().enumerate() {
         let stolen = other.try_lock(format!("restart/{i}")).await.unwrap();
         assert!(
@@ -214,7 +216,7 @@ async fn scram_password_over_tls() {
     };
     let server = postgres::start(&opts).unwrap_or_else(|e| panic!("{e}"));
     let url = format!("{}?sslmode=require", server.url);
-    let b = PostgresBackend::connect(&url).await.unwrap();
+    let b = PostgresBackend::from_url(&url).await.unwrap();
     let ssl: bool = sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
         .fetch_one(b.pool())
         .await
@@ -223,12 +225,12 @@ async fn scram_password_over_tls() {
     let g = LockManager::new(b).lock("tls").await.unwrap();
     g.release().await.unwrap();
     let wrong = url.replace("s3cret-pw", "wrong-pw");
-    let res = PostgresBackend::connect(&wrong).await;
+    let res = PostgresBackend::from_url(&wrong).await;
     assert!(
         matches!(res, Err(Error::Auth { .. })),
         "expected Error::Auth: {res:?}"
     );
-    let shown = format!("{:?}", SqlConfig::new(&url));
+    let shown = format!("{:?}", SqlConfig::from_url(&url).unwrap());
     assert!(
         !shown.contains("s3cret-pw"),
         "the password shows in Debug: {shown}"
@@ -246,7 +248,7 @@ async fn server_clock_step_renews_every_hold_at_once() {
         ..PgOptions::default()
     };
     let server = postgres::start(&opts).unwrap_or_else(|e| panic!("{e}"));
-    let b = PostgresBackend::connect(&server.url).await.unwrap();
+    let b = PostgresBackend::from_url(&server.url).await.unwrap();
     let mgr = LockManager::builder(b.clone())
         .ttl(Duration::from_secs(30))
         .build()
@@ -279,7 +281,7 @@ async fn sweep_keeps_a_row_whose_fence_is_above_the_sequence() {
     use sqlx::Connection;
     let url = shared();
     let table = format!("sweep_{}", uuid_suffix());
-    let b = PostgresBackend::with_config(SqlConfig::new(&url).table(&table))
+    let b = PostgresBackend::connect(SqlConfig::from_url(&url).unwrap().table(&table))
         .await
         .unwrap();
     let key: moltlock_core::LockKey = "k".parse().unwrap();
@@ -358,7 +360,7 @@ async fn released_key_is_free_after_the_clock_steps_back() {
         ..PgOptions::default()
     };
     let server = postgres::start(&opts).unwrap_or_else(|e| panic!("{e}"));
-    let b = PostgresBackend::connect(&server.url).await.unwrap();
+    let b = PostgresBackend::from_url(&server.url).await.unwrap();
     let mgr = LockManager::new(b.clone());
     let g = mgr.lock("stepped-back").await.unwrap();
     g.release().await.unwrap();
@@ -374,4 +376,41 @@ async fn released_key_is_free_after_the_clock_steps_back() {
         1,
         "the new hold is the only one shown: {shown:?}"
     );
+}
+
+#[tokio::test]
+async fn names_itself_and_hands_out_its_extensions() {
+    let b = PostgresBackend::from_url(&shared()).await.unwrap();
+    assert_eq!(b.name(), "postgres");
+    assert_eq!(
+        moltlock_core::extension::extensions(&b),
+        ["watch", "inspect", "renew_many", "describe", "raise_fence"],
+        "Postgres has no fair queue"
+    );
+}
+
+/// A backend built on the application's own pool takes and releases a
+/// lock, and the pool stays the application's, open and usable.
+#[tokio::test]
+async fn a_backend_on_the_applications_pool_leaves_it_usable() {
+    let pool = sqlx::PgPool::connect(&shared()).await.unwrap();
+    let table = format!("app_{}", uuid_suffix());
+    let cfg = SqlConfig::default().table(&table);
+    let b = PostgresBackend::from_client(pool.clone(), cfg)
+        .await
+        .unwrap();
+    let g = LockManager::new(b).lock("app/job").await.unwrap();
+    assert!(g.is_held());
+    g.release().await.unwrap();
+    // The application's pool still serves the application: it drops the table.
+    for drop in [
+        format!("TABLE \"{table}\""),
+        format!("SEQUENCE \"{table}_fence\""),
+    ] {
+        sqlx::query(&format!("DROP {drop}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    assert!(!pool.is_closed());
 }

@@ -9,7 +9,7 @@ use moltlock_sql::{SqlConfig, SqliteBackend};
 fn sqlite() -> moltlock_conformance::Factory {
     let dir = tempfile::tempdir().map_err(|e| e.to_string());
     moltlock_fixtures::conformance_factory(dir, |dir| async move {
-        SqliteBackend::connect(&dir.path().join("locks.db").display().to_string()).await
+        SqliteBackend::from_url(&dir.path().join("locks.db").display().to_string()).await
     })
 }
 
@@ -20,10 +20,10 @@ async fn table_names_are_validated() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("x.db").display());
     for bad in ["locks; DROP TABLE x", "a\"b", "", "1abc"] {
-        let res = SqliteBackend::with_config(SqlConfig::new(&url).table(bad)).await;
+        let res = SqliteBackend::connect(SqlConfig::from_url(&url).unwrap().table(bad)).await;
         assert!(matches!(res, Err(Error::Config(_))), "{bad:?}: {res:?}");
     }
-    let ok = SqliteBackend::with_config(SqlConfig::new(&url).table("custom_locks")).await;
+    let ok = SqliteBackend::connect(SqlConfig::from_url(&url).unwrap().table("custom_locks")).await;
     assert!(ok.is_ok(), "{ok:?}");
 }
 
@@ -31,20 +31,20 @@ async fn table_names_are_validated() {
 async fn migration_is_idempotent_and_keeps_fences() {
     let dir = tempfile::tempdir().unwrap();
     let url = dir.path().join("m.db").display().to_string();
-    let first = SqliteBackend::connect(&url).await.unwrap();
+    let first = SqliteBackend::from_url(&url).await.unwrap();
     let m = LockManager::new(first.clone());
     let g = m.lock("k").await.unwrap();
     let before = g.fence();
     g.release().await.unwrap();
     first.migrate().await.unwrap();
-    let second = SqliteBackend::connect(&url).await.unwrap();
+    let second = SqliteBackend::from_url(&url).await.unwrap();
     let g = LockManager::new(second).lock("k").await.unwrap();
     assert!(g.fence() > before, "fence {} after {before}", g.fence());
 }
 
 #[tokio::test]
 async fn unopenable_file_is_a_clear_error() {
-    let res = SqliteBackend::connect("sqlite:///nonexistent-dir/for/sure/locks.db").await;
+    let res = SqliteBackend::from_url("sqlite:///nonexistent-dir/for/sure/locks.db").await;
     let err = res.expect_err("a file in a missing directory opened");
     assert!(!err.to_string().is_empty());
     assert!(!matches!(err, Error::InvalidKey { .. }));
@@ -53,7 +53,7 @@ async fn unopenable_file_is_a_clear_error() {
 #[tokio::test]
 async fn names_itself_and_hands_out_its_extensions() {
     let dir = tempfile::tempdir().unwrap();
-    let b = SqliteBackend::connect(&dir.path().join("c.db").display().to_string())
+    let b = SqliteBackend::from_url(&dir.path().join("c.db").display().to_string())
         .await
         .unwrap();
     assert_eq!(b.name(), "sqlite");
@@ -75,7 +75,7 @@ async fn batch_renewal_reports_each_hold_across_statements() {
     use moltlock_core::{CasOutcome, LockKey, RenewItem, Token};
 
     let dir = tempfile::tempdir().unwrap();
-    let b = SqliteBackend::connect(&dir.path().join("r.db").display().to_string())
+    let b = SqliteBackend::from_url(&dir.path().join("r.db").display().to_string())
         .await
         .unwrap();
     let owner = Token::random();
@@ -120,4 +120,56 @@ async fn batch_renewal_reports_each_hold_across_statements() {
         let left = hold.expires_in.unwrap().as_secs();
         assert!(range.contains(&left), "hold {i}: {left} s left");
     }
+}
+
+/// A backend built on the application's own pool takes and releases a
+/// lock, and the pool stays the application's, open and usable.
+#[tokio::test]
+async fn a_backend_on_the_applications_pool_leaves_it_usable() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(dir.path().join("app.db"))
+        .create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(opts).await.unwrap();
+    sqlx::query("CREATE TABLE app (x INTEGER)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let cfg = SqlConfig::default().table("app_locks");
+    let b = SqliteBackend::from_client(pool.clone(), cfg).await.unwrap();
+    let manager = LockManager::new(b);
+    let g = manager.lock("app/job").await.unwrap();
+    assert!(g.is_held());
+    g.release().await.unwrap();
+    drop(manager);
+    sqlx::query("INSERT INTO app VALUES (1)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM app")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    assert!(!pool.is_closed());
+}
+
+/// The URL carries MoltLock's options; they never reach the driver.
+#[tokio::test]
+async fn options_in_the_url_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}?table=url_locks&max_connections=2&acquire_timeout=2s&connect_timeout=30s",
+        dir.path().join("u.db").display()
+    );
+    let b = SqliteBackend::from_url(&url).await.unwrap();
+    let g = LockManager::new(b.clone()).lock("k").await.unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM url_locks")
+        .fetch_one(b.pool())
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    g.release().await.unwrap();
+    let bad = SqliteBackend::from_url(&format!("{url}&acquire_timeout=2")).await;
+    assert!(matches!(bad, Err(Error::Config(_))), "{bad:?}");
 }

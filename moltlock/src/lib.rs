@@ -43,6 +43,10 @@ pub use moltlock_sql::mysql;
 pub use moltlock_sql::postgres;
 #[cfg(feature = "sqlite")]
 pub use moltlock_sql::sqlite;
+/// The settings of the SQL backends (`SqlConfig::from_url`, builder
+/// setters) and the generic backend they share.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub use moltlock_sql::{SqlBackend, SqlConfig};
 
 /// The stores a URL can name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -219,11 +223,11 @@ async fn open(store: Store, url: &str) -> Result<Arc<dyn Backend>, Error> {
         #[cfg(feature = "redis")]
         Store::Redis => Ok(Arc::new(redis::RedisBackend::from_url(url).await?)),
         #[cfg(feature = "postgres")]
-        Store::Postgres => Ok(Arc::new(postgres::PostgresBackend::connect(url).await?)),
+        Store::Postgres => Ok(Arc::new(postgres::PostgresBackend::from_url(url).await?)),
         #[cfg(feature = "sqlite")]
-        Store::Sqlite => Ok(Arc::new(sqlite::SqliteBackend::connect(url).await?)),
+        Store::Sqlite => Ok(Arc::new(sqlite::SqliteBackend::from_url(url).await?)),
         #[cfg(feature = "mysql")]
-        Store::Mysql => Ok(Arc::new(mysql::MySqlBackend::connect(url).await?)),
+        Store::Mysql => Ok(Arc::new(mysql::MySqlBackend::from_url(url).await?)),
         #[allow(unreachable_patterns)]
         other => Err(other.missing()),
     }

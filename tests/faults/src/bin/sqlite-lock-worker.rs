@@ -1,15 +1,15 @@
 //! A test helper: takes one key again and again and logs each critical
 //! section, so tests can check that separate processes never overlap.
 //!
-//! `moltlock-sql-lock-worker <sqlite-url> <key> <rounds> <log-file>` appends one
+//! `sqlite-lock-worker <sqlite-url> <key> <rounds> <log-file>` appends one
 //! line per round: `<pid> <fence> <start-ns> <end-ns>` (wall clock, shared
 //! by every process of the machine).
 
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use moltlock_core::{LockManager, RetryPolicy};
-use moltlock_sql::SqliteBackend;
+use moltlock::sqlite::SqliteBackend;
+use moltlock::{LockManager, RetryPolicy};
 
 fn now_ns() -> u128 {
     SystemTime::now()
@@ -22,12 +22,10 @@ fn now_ns() -> u128 {
 async fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().collect();
     let [_, url, key, rounds, log] = args.as_slice() else {
-        return Err(
-            "usage: moltlock-sql-lock-worker <sqlite-url> <key> <rounds> <log-file>".into(),
-        );
+        return Err("usage: sqlite-lock-worker <sqlite-url> <key> <rounds> <log-file>".into());
     };
     let rounds: u32 = rounds.parse().map_err(|e| format!("rounds: {e}"))?;
-    let backend = SqliteBackend::connect(url)
+    let backend = SqliteBackend::from_url(url)
         .await
         .map_err(|e| e.to_string())?;
     let manager = LockManager::builder(backend)

@@ -8,7 +8,7 @@ fn separate_processes_never_overlap() {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("shared.db").display());
     let log = dir.path().join("sections.log");
-    let worker = env!("CARGO_BIN_EXE_moltlock-sql-lock-worker");
+    let worker = env!("CARGO_BIN_EXE_sqlite-lock-worker");
     let children: Vec<_> = (0..2)
         .map(|_| {
             Command::new(worker)

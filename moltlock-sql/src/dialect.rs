@@ -1,0 +1,113 @@
+//! What differs between the SQL databases, behind one sealed trait: the
+//! statements, the clock a reply reports, and the dialect's own extras
+//! (LISTEN/NOTIFY for Postgres, sweeps, migrations).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use moltlock_core::{
+    CasOutcome, Error, Fence, HolderInfo, Limits, LockKey, RenewItem, StoreClock, Token, Watch,
+};
+use tokio::time::Instant;
+
+use crate::config::SqlConfig;
+use crate::convert::SweepCounter;
+use crate::error::Fail;
+use crate::observe::Observed;
+
+/// A dialect step's result: the database's error stays a [`sqlx::Error`]
+/// until the backend maps it, once.
+pub type DbResult<T> = Result<T, Fail>;
+
+/// A database the generic `SqlBackend` speaks to: Postgres,
+/// SQLite or MySQL/MariaDB. Sealed: only this crate's dialects implement
+/// it.
+pub trait Dialect: Ops {}
+
+impl<D: Ops> Dialect for D {}
+
+/// The write a `cas` asks for: `new` to hold `key` for `ttl`.
+#[derive(Clone, Copy)]
+pub struct Write<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) new: &'a Token,
+    pub(crate) ttl: Duration,
+}
+
+/// What one backend holds, shared by its clones.
+pub struct Shared<D: Ops> {
+    pub(crate) pool: sqlx::Pool<D::Db>,
+    /// The dialect's statements and state.
+    pub(crate) dialect: D,
+    /// What this client saw of held keys, in the observed-expiry mode.
+    pub(crate) observed: Option<Observed>,
+    /// The store clock, as confirming replies report it (store-clock mode).
+    pub(crate) clock: StoreClock,
+    pub(crate) releases: SweepCounter,
+}
+
+impl<D: Ops> Shared<D> {
+    /// Feeds the store clock `now` (since the epoch) of a reply to a
+    /// request sent at `sent_at` that confirmed a hold.
+    pub(crate) fn saw_clock(&self, sent_at: Instant, now: Duration) {
+        if self.observed.is_none() {
+            self.clock.observe(sent_at, now);
+        }
+    }
+}
+
+/// The dialect's operations (unnameable outside the crate, which seals
+/// [`Dialect`]). Each runs one statement (or one transaction) unless it
+/// says otherwise.
+#[async_trait]
+pub trait Ops: Sized + Send + Sync + 'static {
+    /// The sqlx database.
+    type Db: sqlx::Database;
+    /// The backend's name, in errors and logs.
+    const NAME: &'static str;
+    /// Whether confirming replies report the store clock.
+    const REPORTS_CLOCK: bool;
+    /// Whether released rows stay until a sweep deletes them.
+    const SWEEPS: bool;
+    /// How long opening may be retried while the database is busy.
+    const OPEN_RETRY: Option<Duration> = None;
+
+    /// The statements for `cfg`, its names validated.
+    fn new(cfg: &SqlConfig) -> Result<Self, Error>;
+    /// A pool connected by `cfg`.
+    async fn open(cfg: &SqlConfig) -> Result<sqlx::Pool<Self::Db>, sqlx::Error>;
+    /// Creates the schema if missing; idempotent.
+    async fn migrate(db: &Shared<Self>) -> DbResult<()>;
+    /// Deletes rows released or expired for longer than the retention.
+    async fn sweep(_db: &Shared<Self>) -> DbResult<u64> {
+        Ok(0)
+    }
+    /// Refuses keys the store cannot tell apart.
+    fn check_key(_key: &LockKey) -> Result<(), Error> {
+        Ok(())
+    }
+    /// The limits the backend declares.
+    fn limits() -> Limits {
+        Limits::new()
+    }
+    /// The release watcher, where the store notifies.
+    fn watcher(_db: &Shared<Self>) -> Option<&dyn Watch> {
+        None
+    }
+    /// Takes a free key.
+    async fn acquire(db: &Shared<Self>, w: Write<'_>) -> DbResult<CasOutcome>;
+    /// Renews (`expected == w.new`) or transfers a hold of `expected`.
+    async fn update(db: &Shared<Self>, w: Write<'_>, expected: &Token) -> DbResult<CasOutcome>;
+    /// Releases `owner`'s hold.
+    async fn delete(db: &Shared<Self>, key: &LockKey, owner: &Token) -> DbResult<bool>;
+    /// The live hold of `key`.
+    async fn inspect(db: &Shared<Self>, key: &LockKey) -> DbResult<Option<HolderInfo>>;
+    /// The live holds under `prefix`, by key.
+    async fn list(db: &Shared<Self>, prefix: &str) -> DbResult<Vec<HolderInfo>>;
+    /// Renews every live hold of `items`.
+    async fn renew_many(db: &Shared<Self>, items: &[RenewItem]) -> DbResult<Vec<bool>>;
+    /// Sets the description of `owner`'s hold.
+    async fn describe(db: &Shared<Self>, k: &LockKey, t: &Token, text: &str) -> DbResult<bool>;
+    /// Makes every later fence of `key` exceed `floor`.
+    async fn raise_fence(db: &Shared<Self>, key: &LockKey, floor: Fence) -> DbResult<()>;
+}

@@ -1,0 +1,96 @@
+//! Wake-ups by `LISTEN/NOTIFY`: one listening connection per backend,
+//! opened by the first waiter, that reconnects by itself.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use moltlock_core::{KeyEvents, ReleaseWatch};
+use sqlx::postgres::{PgListener, PgPool};
+use tokio::sync::OnceCell;
+use tokio::task::JoinHandle;
+
+/// The waiters of one backend and the task that wakes them.
+pub(super) struct Listener {
+    channel: String,
+    events: Arc<KeyEvents>,
+    task: OnceCell<JoinHandle<()>>,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.get() {
+            task.abort();
+        }
+    }
+}
+
+impl Listener {
+    /// Waiters on `channel`; nothing listens until the first one.
+    pub(super) fn new(channel: String) -> Self {
+        Self {
+            channel,
+            events: Arc::new(KeyEvents::new()),
+            task: OnceCell::new(),
+        }
+    }
+
+    /// The channel releases notify.
+    pub(super) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// A watch for the release of `key`, listening first if nobody does yet.
+    pub(super) async fn watch(
+        &self,
+        pool: &PgPool,
+        key: &str,
+    ) -> Result<Box<dyn ReleaseWatch>, sqlx::Error> {
+        self.task
+            .get_or_try_init(|| async {
+                let listener = subscribe(pool, &self.channel).await?;
+                let task = listen(
+                    listener,
+                    pool.clone(),
+                    self.channel.clone(),
+                    self.events.clone(),
+                );
+                Ok::<_, sqlx::Error>(tokio::spawn(task))
+            })
+            .await?;
+        Ok(self.events.subscribe(key))
+    }
+}
+
+/// A connection that listens on `channel`.
+async fn subscribe(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(channel).await?;
+    Ok(listener)
+}
+
+/// Dispatches notifications to waiters. When the connection drops, it opens
+/// a new one itself and wakes every waiter twice: at once, and again once
+/// the new connection listens — a release sent while nobody listened was
+/// missed, and the woken waiters look for themselves.
+async fn listen(mut listener: PgListener, pool: PgPool, channel: String, events: Arc<KeyEvents>) {
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(n)) => events.fire(n.payload()),
+            Ok(None) | Err(_) => {
+                tracing::debug!("listen connection lost; reconnecting");
+                events.fire_all();
+                listener = loop {
+                    match subscribe(&pool, &channel).await {
+                        Ok(l) => break l,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "listen connection failed; retrying");
+                            events.fire_all();
+                            tokio::time::sleep(Duration::from_millis(250)).await;
+                        }
+                    }
+                };
+                events.fire_all();
+            }
+        }
+    }
+}
