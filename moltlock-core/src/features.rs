@@ -77,12 +77,7 @@ pub trait Describe: Send + Sync {
     /// # Cancel safety
     /// Dropping the future may or may not store the description; it never
     /// touches another owner's hold.
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error>;
+    async fn describe(&self, key: &LockKey, owner: &Token, text: &str) -> Result<bool, Error>;
 }
 
 /// Raising the fence minimum of a key.
@@ -107,10 +102,5 @@ pub trait FairQueue: Send + Sync {
     /// A dropped future must leave its queue place removed; a hold granted
     /// as it was dropped is deleted by the manager's cleanup (owner-checked
     /// by `token`).
-    async fn fair_acquire(
-        &self,
-        key: &LockKey,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<Fence, Error>;
+    async fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Fence, Error>;
 }

@@ -352,14 +352,9 @@ pub trait BackendExt: Backend {
     }
 
     /// [`Describe::describe`].
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
+    async fn describe(&self, key: &LockKey, owner: &Token, text: &str) -> Result<bool, Error> {
         require(self.name(), self.describer(), "holder descriptions")?
-            .describe(key, owner, description)
+            .describe(key, owner, text)
             .await
     }
 
@@ -370,7 +365,7 @@ pub trait BackendExt: Backend {
             .await
     }
 
-    /// [`FairQueue::fair_acquire`].
+    /// [`FairQueue::acquire`].
     async fn fair_acquire(
         &self,
         key: &LockKey,
@@ -378,7 +373,7 @@ pub trait BackendExt: Backend {
         ttl: Duration,
     ) -> Result<Fence, Error> {
         require(self.name(), self.fair_queue(), "fair queue")?
-            .fair_acquire(key, token, ttl)
+            .acquire(key, token, ttl)
             .await
     }
 }

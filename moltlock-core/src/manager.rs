@@ -298,7 +298,7 @@ impl LockManager {
             // The store may start the TTL at any point of the call, so the
             // validity deadline counts from before it, as on every path.
             let sent_at = Instant::now();
-            let fence = queue.fair_acquire(key, &token, ttl).await?;
+            let fence = queue.acquire(key, &token, ttl).await?;
             match self.confirm_late_grant(key, &token, ttl, sent_at).await {
                 Ok(Some(sent_at)) => {
                     pending.disarm();

@@ -114,19 +114,14 @@ impl Backend for MemoryBackend {
 
 #[async_trait]
 impl Describe for MemoryBackend {
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
+    async fn describe(&self, key: &LockKey, owner: &Token, text: &str) -> Result<bool, Error> {
         let mut st = self.lock();
         let now = Instant::now();
         if st.live(key.as_str(), now).map(|e| &e.holder) != Some(owner) {
             return Ok(false);
         }
         if let Some(e) = st.entries.get_mut(key.as_str()) {
-            e.description = Some(description.to_owned());
+            e.description = Some(text.to_owned());
         }
         Ok(true)
     }

@@ -97,12 +97,7 @@ impl Backend for SlowFair {
 
 #[async_trait]
 impl FairQueue for SlowFair {
-    async fn fair_acquire(
-        &self,
-        key: &LockKey,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<Fence, Error> {
+    async fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Fence, Error> {
         loop {
             if let CasOutcome::Acquired { fence } = self.store.cas(key, None, token, ttl).await? {
                 *self.cut.lock().unwrap() = true;

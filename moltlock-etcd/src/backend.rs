@@ -242,13 +242,8 @@ impl Describe for EtcdBackend {
     /// # Cancel safety
     /// A description that lands after the future is dropped is still on the
     /// hold's lease and ends with the hold.
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
-        self.core.describe(key, owner, description).await
+    async fn describe(&self, key: &LockKey, owner: &Token, text: &str) -> Result<bool, Error> {
+        self.core.describe(key, owner, text).await
     }
 }
 
@@ -279,12 +274,7 @@ impl FairQueue for EtcdBackend {
     /// until the session's lease ends. A hold taken as the future was
     /// dropped stays, on the session lease, until the manager's
     /// owner-checked delete removes it.
-    async fn fair_acquire(
-        &self,
-        key: &LockKey,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<Fence, Error> {
+    async fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Fence, Error> {
         crate::fair::acquire(&self.core, key, token, ttl).await
     }
 }

@@ -178,7 +178,7 @@ impl Core {
         &self,
         key: &LockKey,
         owner: &Token,
-        description: &str,
+        text: &str,
     ) -> Result<bool, Error> {
         let k = self.keys.lock(key);
         let resp = self.io.get(k.clone(), None).await?;
@@ -196,7 +196,7 @@ impl Core {
                 Compare::value(k.clone(), CompareOp::Equal, owner.as_str()),
                 Compare::lease(k, CompareOp::Equal, lease),
             ])
-            .and_then([TxnOp::put(self.keys.info(key), description, Some(put))]);
+            .and_then([TxnOp::put(self.keys.info(key), text, Some(put))]);
         Ok(self.io.txn(txn).await.map_err(map)?.succeeded())
     }
 

@@ -164,17 +164,12 @@ impl RenewMany for RedisBackend {
 
 #[async_trait]
 impl Describe for RedisBackend {
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
+    async fn describe(&self, key: &LockKey, owner: &Token, text: &str) -> Result<bool, Error> {
         key.check_len(LIMITS.max_key_len)?;
         let layout = &self.inner.layout;
         let (lock, info) = (layout.lock(key), layout.info(key));
         let done: i64 = self
-            .script(&DESCRIBE, &[&lock, &info], &[owner.as_str(), description])
+            .script(&DESCRIBE, &[&lock, &info], &[owner.as_str(), text])
             .await?;
         Ok(done == 1)
     }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use moltlock_core::{
-    Backend, CasOutcome, Describe, Error, Fence, HolderInfo, Inspect, Limits, LockKey, RaiseFence,
-    RenewItem, RenewMany, StoreClock, Token, Watch,
+    hand_out, Backend, CasOutcome, Describe, Error, Fence, HolderInfo, Inspect, Limits, LockKey,
+    RaiseFence, RenewItem, RenewMany, StoreClock, Token, Watch,
 };
 
 use crate::config::{Expiry, SqlConfig};
@@ -246,21 +246,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         D::watcher(&self.inner)
     }
 
-    fn inspector(&self) -> Option<&dyn Inspect> {
-        Some(self)
-    }
-
-    fn renewer(&self) -> Option<&dyn RenewMany> {
-        Some(self)
-    }
-
-    fn describer(&self) -> Option<&dyn Describe> {
-        Some(self)
-    }
-
-    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
-        Some(self)
-    }
+    hand_out!(Inspect, RenewMany, Describe, RaiseFence);
 }
 
 /// # Cancel safety

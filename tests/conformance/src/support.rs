@@ -150,25 +150,15 @@ impl RaiseFence for Partition {
 
 #[async_trait]
 impl Describe for Partition {
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
+    async fn describe(&self, key: &LockKey, owner: &Token, text: &str) -> Result<bool, Error> {
         self.gate().await;
-        self.inner.describe(key, owner, description).await
+        self.inner.describe(key, owner, text).await
     }
 }
 
 #[async_trait]
 impl FairQueue for Partition {
-    async fn fair_acquire(
-        &self,
-        key: &LockKey,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<Fence, Error> {
+    async fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Fence, Error> {
         self.gate().await;
         self.inner.fair_acquire(key, token, ttl).await
     }
@@ -349,12 +339,7 @@ impl RenewMany for Delay {
 
 #[async_trait]
 impl FairQueue for Delay {
-    async fn fair_acquire(
-        &self,
-        key: &LockKey,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<Fence, Error> {
+    async fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Fence, Error> {
         self.around(self.inner.fair_acquire(key, token, ttl)).await
     }
 }

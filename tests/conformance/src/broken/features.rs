@@ -218,12 +218,7 @@ impl RenewMany for Flawed {
 
 #[async_trait]
 impl Describe for Flawed {
-    async fn describe(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-        description: &str,
-    ) -> Result<bool, Error> {
+    async fn describe(&self, key: &LockKey, owner: &Token, text: &str) -> Result<bool, Error> {
         let now = Instant::now();
         let nk = self.norm(key.as_str());
         let mut st = self.store();
@@ -236,9 +231,9 @@ impl Describe for Flawed {
             return Ok(false);
         }
         if let Some(e) = st.entries.get_mut(&nk) {
-            e.description = Some(description.to_owned());
+            e.description = Some(text.to_owned());
         }
-        st.descriptions.insert(nk, description.to_owned());
+        st.descriptions.insert(nk, text.to_owned());
         Ok(true)
     }
 }
@@ -264,12 +259,7 @@ impl RaiseFence for Flawed {
 
 #[async_trait]
 impl FairQueue for Flawed {
-    async fn fair_acquire(
-        &self,
-        key: &LockKey,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<Fence, Error> {
+    async fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Fence, Error> {
         if self.has(Flaw::FairBarges) {
             if let CasOutcome::Acquired { fence } =
                 self.cas_flawed(key.as_str(), None, token, ttl).await
