@@ -37,7 +37,11 @@ pub async fn renew_each<B: Backend + ?Sized>(
 /// extensions of what it wraps. Every `Forward` type is a [`Backend`].
 ///
 /// A wrapper that changes an extension implements that extension trait
-/// itself and hands itself out only where the inner backend has it:
+/// itself and hands itself out only where the inner backend has it. Mind
+/// that extensions bypass the wrapper's `cas`: a wrapper that changes
+/// `cas` (to delay or cut requests, say) must also change
+/// [`renewer`](Forward::renewer), which renews holds without `cas`, and
+/// perhaps [`fair_queue`](Forward::fair_queue).
 ///
 /// ```
 /// use moltlock_core::{async_trait, Backend, Error, Forward, Inspect, HolderInfo, LockKey, MemoryBackend};

@@ -74,7 +74,13 @@ struct SlowFair {
 }
 
 #[async_trait]
-impl Backend for SlowFair {
+impl Forward for SlowFair {
+    type Inner = MemoryBackend;
+
+    fn inner(&self) -> &MemoryBackend {
+        &self.store
+    }
+
     async fn cas(
         &self,
         key: &LockKey,
@@ -88,8 +94,9 @@ impl Backend for SlowFair {
         self.store.cas(key, expected, new, ttl).await
     }
 
-    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        self.store.delete(key, owner).await
+    /// None: renewals go through the `cas` above, which stops answering.
+    fn renewer(&self) -> Option<&dyn RenewMany> {
+        None
     }
 
     hand_out!(FairQueue);
@@ -151,20 +158,11 @@ impl Hanging {
     }
 }
 
-#[async_trait]
-impl Backend for Hanging {
-    async fn cas(
-        &self,
-        key: &LockKey,
-        expected: Option<&Token>,
-        new: &Token,
-        ttl: Duration,
-    ) -> Result<CasOutcome, Error> {
-        self.store.cas(key, expected, new, ttl).await
-    }
+impl Forward for Hanging {
+    type Inner = MemoryBackend;
 
-    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        self.store.delete(key, owner).await
+    fn inner(&self) -> &MemoryBackend {
+        &self.store
     }
 
     hand_out!(RenewMany);

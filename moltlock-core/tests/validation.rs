@@ -9,8 +9,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use moltlock_core::{
-    async_trait, Backend, CasOutcome, Error, Limits, LockGuard, LockKey, LockManager, LockOptions,
-    MemoryBackend, Token, MAX_KEY_LEN, MAX_TTL, MIN_TTL,
+    Error, Forward, Limits, LockGuard, LockManager, LockOptions, MemoryBackend, MAX_KEY_LEN,
+    MAX_TTL, MIN_TTL,
 };
 
 fn manager() -> LockManager {
@@ -41,20 +41,11 @@ async fn overlong_key_rejected() {
 #[derive(Clone, Default)]
 struct Short(MemoryBackend);
 
-#[async_trait]
-impl Backend for Short {
-    async fn cas(
-        &self,
-        key: &LockKey,
-        expected: Option<&Token>,
-        new: &Token,
-        ttl: Duration,
-    ) -> Result<CasOutcome, Error> {
-        self.0.cas(key, expected, new, ttl).await
-    }
+impl Forward for Short {
+    type Inner = MemoryBackend;
 
-    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        self.0.delete(key, owner).await
+    fn inner(&self) -> &MemoryBackend {
+        &self.0
     }
 
     fn limits(&self) -> Limits {
