@@ -1,18 +1,24 @@
 //! The fair queue: arrival order, no barging, dropped waiters leave.
 
 use super::common::*;
-use moltlock_core::LockOptions;
+use moltlock_core::{LockGuard, LockOptions};
+
+/// A fair hold of `k` on a manager of its own.
+async fn fair_holder(f: &Factory, k: &str) -> Result<(LockManager, LockGuard), String> {
+    let holder = manager(&f.open().await?, LONG)?;
+    let guard = holder
+        .acquire(k, LockOptions::new().fair())
+        .await
+        .map_err(err)?
+        .ok_or("fair acquire returned no guard")?;
+    Ok((holder, guard))
+}
 
 /// A fair newcomer that arrives as the key is released queues behind the
 /// waiter already queued; it never barges ahead on the free key.
 pub async fn fair_newcomer_does_not_barge(f: Factory) -> CaseResult {
     let k = key("fair-barge");
-    let holder = manager(&f.open().await?, LONG)?;
-    let first = holder
-        .acquire(&k, LockOptions::new().fair())
-        .await
-        .map_err(err)?
-        .ok_or("fair acquire returned no guard")?;
+    let (_holder, first) = fair_holder(&f, &k).await?;
     let order: Arc<Mutex<Vec<&'static str>>> = Arc::default();
     let spawn_fair = |name: &'static str, m: LockManager| {
         let (k, order) = (k.clone(), order.clone());
@@ -48,12 +54,7 @@ pub async fn fair_newcomer_does_not_barge(f: Factory) -> CaseResult {
 /// key within a second of the release.
 pub async fn fair_dropped_waiter_leaves_the_queue(f: Factory) -> CaseResult {
     let k = key("fair-dropped");
-    let holder = manager(&f.open().await?, LONG)?;
-    let first = holder
-        .acquire(&k, LockOptions::new().fair())
-        .await
-        .map_err(err)?
-        .ok_or("fair acquire returned no guard")?;
+    let (_holder, first) = fair_holder(&f, &k).await?;
     let dropped_m = manager(&f.open().await?, LONG)?;
     let k2 = k.clone();
     let dropped = tokio::spawn(async move {
