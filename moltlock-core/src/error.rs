@@ -197,38 +197,13 @@ impl Error {
 
 /// An [`Error`] whose messages went through [`redact`](crate::redact); for errors that may
 /// quote a URL or a store's echo of one.
-pub fn redact_error(error: Error) -> Error {
-    match error {
-        Error::Config(m) => Error::Config(redact(&m)),
-        Error::Unavailable {
-            backend,
-            message,
-            source,
-        } => Error::Unavailable {
-            backend,
-            message: redact(&message),
-            source,
-        },
-        Error::Auth {
-            backend,
-            message,
-            source,
-        } => Error::Auth {
-            backend,
-            message: redact(&message),
-            source,
-        },
-        Error::Store {
-            backend,
-            message,
-            retryable,
-            source,
-        } => Error::Store {
-            backend,
-            message: redact(&message),
-            retryable,
-            source,
-        },
-        other => other,
+pub fn redact_error(mut error: Error) -> Error {
+    if let Error::Config(message)
+    | Error::Unavailable { message, .. }
+    | Error::Auth { message, .. }
+    | Error::Store { message, .. } = &mut error
+    {
+        *message = redact(message);
     }
+    error
 }

@@ -419,33 +419,14 @@ macro_rules! hand_out {
     ($($extension:ident),+ $(,)?) => {
         $( $crate::hand_out!(@one $extension); )+
     };
-    (@one Watch) => {
-        fn watcher(&self) -> ::core::option::Option<&dyn $crate::Watch> {
-            ::core::option::Option::Some(self)
-        }
-    };
-    (@one Inspect) => {
-        fn inspector(&self) -> ::core::option::Option<&dyn $crate::Inspect> {
-            ::core::option::Option::Some(self)
-        }
-    };
-    (@one RenewMany) => {
-        fn renewer(&self) -> ::core::option::Option<&dyn $crate::RenewMany> {
-            ::core::option::Option::Some(self)
-        }
-    };
-    (@one Describe) => {
-        fn describer(&self) -> ::core::option::Option<&dyn $crate::Describe> {
-            ::core::option::Option::Some(self)
-        }
-    };
-    (@one RaiseFence) => {
-        fn fence_raiser(&self) -> ::core::option::Option<&dyn $crate::RaiseFence> {
-            ::core::option::Option::Some(self)
-        }
-    };
-    (@one FairQueue) => {
-        fn fair_queue(&self) -> ::core::option::Option<&dyn $crate::FairQueue> {
+    (@one Watch) => { $crate::hand_out!(@fn watcher Watch); };
+    (@one Inspect) => { $crate::hand_out!(@fn inspector Inspect); };
+    (@one RenewMany) => { $crate::hand_out!(@fn renewer RenewMany); };
+    (@one Describe) => { $crate::hand_out!(@fn describer Describe); };
+    (@one RaiseFence) => { $crate::hand_out!(@fn fence_raiser RaiseFence); };
+    (@one FairQueue) => { $crate::hand_out!(@fn fair_queue FairQueue); };
+    (@fn $accessor:ident $extension:ident) => {
+        fn $accessor(&self) -> ::core::option::Option<&dyn $crate::$extension> {
             ::core::option::Option::Some(self)
         }
     };

@@ -37,6 +37,19 @@ fn crate_sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// Every crate's `src` folder with the Rust files under it.
+fn crates() -> Vec<(PathBuf, Vec<PathBuf>)> {
+    let mut srcs = Vec::new();
+    crate_sources(&workspace(), &mut srcs);
+    srcs.into_iter()
+        .map(|src| {
+            let mut files = Vec::new();
+            rust_files(&src, &mut files);
+            (src, files)
+        })
+        .collect()
+}
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
         let path = entry.path();
@@ -79,13 +92,9 @@ fn is_test_code(path: &Path, src: &Path) -> bool {
 
 #[test]
 fn no_source_file_is_over_500_lines() {
-    let mut srcs = Vec::new();
-    crate_sources(&workspace(), &mut srcs);
     let mut long = Vec::new();
-    for src in &srcs {
-        let mut files = Vec::new();
-        rust_files(src, &mut files);
-        for f in files.iter().filter(|f| !is_test_code(f, src)) {
+    for (src, files) in crates() {
+        for f in files.iter().filter(|f| !is_test_code(f, &src)) {
             let n = without_tests(f).lines().count();
             if n > MAX_LINES {
                 long.push(format!("{} ({n} lines)", f.display()));
@@ -178,22 +187,18 @@ fn circle_from(start: &str, graph: &BTreeMap<String, BTreeSet<String>>) -> Optio
 
 #[test]
 fn no_circle_between_the_files_of_a_crate() {
-    let mut srcs = Vec::new();
-    crate_sources(&workspace(), &mut srcs);
     let mut circles = Vec::new();
-    for src in &srcs {
-        let mut files = Vec::new();
-        rust_files(src, &mut files);
+    for (src, files) in crates() {
         let root = ["lib.rs", "main.rs"]
             .iter()
             .map(|r| src.join(r))
             .find(|p| p.is_file());
         let Some(root) = root else { continue };
         let items = reexports(&code(&root));
-        let modules: BTreeSet<String> = files.iter().filter_map(|f| top_module(src, f)).collect();
+        let modules: BTreeSet<String> = files.iter().filter_map(|f| top_module(&src, f)).collect();
         let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for f in &files {
-            let Some(me) = top_module(src, f) else {
+            let Some(me) = top_module(&src, f) else {
                 continue;
             };
             let mut deps = uses(&code(f), &modules, &items);

@@ -39,12 +39,29 @@ async fn fair_queue_serves_in_order(url: &str) {
     assert_eq!(order, [Some(0), Some(1)], "{url}: served out of order");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fair_lock_works_through_a_migration_to_etcd() {
+/// A fresh etcd and a SQLite file: the servers (kept alive by the caller)
+/// and the two URLs.
+struct Stores {
+    _etcd: moltlock_fixtures::etcd::EtcdMember,
+    _dir: tempfile::TempDir,
+    sqlite: String,
+    etcd: String,
+}
+
+fn stores() -> Stores {
     let etcd = moltlock_fixtures::etcd::start_single().unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap();
-    let sqlite = format!("sqlite://{}", dir.path().join("m.db").display());
-    let etcd = format!("etcd://{}", etcd.endpoint());
+    Stores {
+        sqlite: format!("sqlite://{}", dir.path().join("m.db").display()),
+        etcd: format!("etcd://{}", etcd.endpoint()),
+        _etcd: etcd,
+        _dir: dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_lock_works_through_a_migration_to_etcd() {
+    let Stores { sqlite, etcd, .. } = &stores();
     fair_queue_serves_in_order(&format!("migrate+new:{sqlite}|{etcd}")).await;
     fair_queue_serves_in_order(&format!("migrate+old:{etcd}|{sqlite}")).await;
 }
@@ -53,10 +70,8 @@ async fn fair_lock_works_through_a_migration_to_etcd() {
 /// refused with a clear error, never silently unfair.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_lock_in_the_both_phase_is_refused() {
-    let etcd = moltlock_fixtures::etcd::start_single().unwrap_or_else(|e| panic!("{e}"));
-    let dir = tempfile::tempdir().unwrap();
-    let sqlite = format!("sqlite://{}", dir.path().join("m.db").display());
-    let url = format!("migrate+both:{sqlite}|etcd://{}", etcd.endpoint());
+    let Stores { sqlite, etcd, .. } = &stores();
+    let url = format!("migrate+both:{sqlite}|{etcd}");
     let manager = LockManager::new(connect(&url).await.unwrap());
     let res = manager
         .acquire("fair-both", LockOptions::new().fair())

@@ -29,20 +29,20 @@ pub use lost::*;
 pub use optional::*;
 pub use ownership::*;
 
+/// One [`Case`]: its function, its contract point, and the group of the
+/// case list it is in (`always`, or the extension it needs).
 macro_rules! case {
-    ($name:ident, $point:literal) => {
+    (@need always) => { None };
+    (@need watch) => { Some(Need::Watch) };
+    (@need inspect) => { Some(Need::Inspect) };
+    (@need fair_queue) => { Some(Need::FairQueue) };
+    (@need raise_fence) => { Some(Need::RaiseFence) };
+    (@need describe) => { Some(Need::Describe) };
+    ($name:ident, $point:literal, $group:ident) => {
         Case {
             name: stringify!($name),
             point: $point,
-            needs: None,
-            run: |f| Box::pin($name(f)),
-        }
-    };
-    ($name:ident, $point:literal, $need:ident) => {
-        Case {
-            name: stringify!($name),
-            point: $point,
-            needs: Some(Need::$need),
+            needs: case!(@need $group),
             run: |f| Box::pin($name(f)),
         }
     };
@@ -128,24 +128,10 @@ macro_rules! __cases {
 }
 
 macro_rules! all_cases {
-    (;
-        always: [$($a:ident: $ap:literal,)*],
-        watch: [$($w:ident: $wp:literal,)*],
-        inspect: [$($i:ident: $ip:literal,)*],
-        fair_queue: [$($f:ident: $fp:literal,)*],
-        raise_fence: [$($r:ident: $rp:literal,)*],
-        describe: [$($d:ident: $dp:literal,)*],
-    ) => {
+    (; $($group:ident: [$($name:ident: $point:literal,)*],)*) => {
         /// Every case, in the order `run_all` runs them, with the contract
         /// point (`docs/CONTRACT.md`) each proves.
-        pub const ALL: &[Case] = &[
-            $(case!($a, $ap),)*
-            $(case!($w, $wp, Watch),)*
-            $(case!($i, $ip, Inspect),)*
-            $(case!($f, $fp, FairQueue),)*
-            $(case!($r, $rp, RaiseFence),)*
-            $(case!($d, $dp, Describe),)*
-        ];
+        pub const ALL: &[Case] = &[$($(case!($name, $point, $group),)*)*];
     };
 }
 

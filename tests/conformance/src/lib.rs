@@ -463,20 +463,14 @@ macro_rules! conformance_tests {
             }
         )*
     };
-    (@stamp $f:expr; $caps:tt;
-        always: [$($a:ident: $ap:literal,)*],
-        watch: [$($w:ident: $wp:literal,)*],
-        inspect: [$($i:ident: $ip:literal,)*],
-        fair_queue: [$($q:ident: $qp:literal,)*],
-        raise_fence: [$($r:ident: $rp:literal,)*],
-        describe: [$($d:ident: $dp:literal,)*],
-    ) => {
-        $crate::conformance_tests!(@run $f; [$($a),*]);
-        $crate::conformance_tests!(@gate $f; watch; $caps; [$($w),*]);
-        $crate::conformance_tests!(@gate $f; inspect; $caps; [$($i),*]);
-        $crate::conformance_tests!(@gate $f; fair_queue; $caps; [$($q),*]);
-        $crate::conformance_tests!(@gate $f; raise_fence; $caps; [$($r),*]);
-        $crate::conformance_tests!(@gate $f; describe; $caps; [$($d),*]);
+    (@stamp $f:expr; $caps:tt; $($group:ident: [$($name:ident: $point:literal,)*],)*) => {
+        $( $crate::conformance_tests!(@group $f; $group; $caps; [$($name),*]); )*
+    };
+    (@group $f:expr; always; $caps:tt; $names:tt) => {
+        $crate::conformance_tests!(@run $f; $names);
+    };
+    (@group $f:expr; $group:ident; $caps:tt; $names:tt) => {
+        $crate::conformance_tests!(@gate $f; $group; $caps; $names);
     };
     ($factory:expr, without: [$($cap:ident),* $(,)?] $(,)?) => {
         $( $crate::conformance_tests!(@known $cap); )*

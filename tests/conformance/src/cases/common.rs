@@ -218,6 +218,31 @@ pub(super) struct Contention {
     pub(super) first_fence_error: Option<String>,
 }
 
+impl Contention {
+    /// Passed when there were `entries` critical sections, none overlapping,
+    /// and every hand-off raised the fence.
+    pub(super) fn verdict(&self, entries: u64) -> CaseResult {
+        let d = &self.detector;
+        ensure!(
+            d.entries() == entries,
+            "expected {entries} entries, saw {}",
+            d.entries()
+        );
+        ensure!(
+            d.overlaps() == 0,
+            "{} overlapping critical sections",
+            d.overlaps()
+        );
+        ensure!(
+            self.fence_errors == 0,
+            "{} hand-offs did not raise the fence (first: {})",
+            self.fence_errors,
+            self.first_fence_error.clone().unwrap_or_default()
+        );
+        Ok(Outcome::Passed)
+    }
+}
+
 pub(super) async fn contend(
     managers: Vec<LockManager>,
     k: String,
