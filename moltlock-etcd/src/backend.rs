@@ -207,13 +207,13 @@ impl Watch for EtcdBackend {
 
 #[async_trait]
 impl Inspect for EtcdBackend {
-    /// Fences include the key's raised floor (see [`RaiseFence`]).
+    /// Fences include the key's raised minimum (see [`RaiseFence`]).
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         self.core.inspect(key).await
     }
 
     /// One range read, plus one lease query per lease in use; fences
-    /// include each key's raised floor, as `inspect`'s do.
+    /// include each key's raised minimum, as `inspect`'s do.
     async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
         self.core.list(prefix).await
     }
@@ -250,16 +250,16 @@ impl Describe for EtcdBackend {
 #[async_trait]
 impl RaiseFence for EtcdBackend {
     /// Lifts the key's fence offset (a key with no lease, beside the lock
-    /// key) so that `revision + offset` exceeds `floor` for every later
+    /// key) so that `revision + offset` exceeds `minimum` for every later
     /// hold: revisions only grow and the offset never shrinks.
     ///
     /// # Cancel safety
     /// A dropped raise may or may not land. The write is a plain put of an
     /// offset computed from a read, so a dropped raise whose put lands
     /// after a later raise of the same key sets the earlier, lower offset;
-    /// retry a dropped raise before relying on its floor.
-    async fn raise_fence(&self, key: &LockKey, floor: Fence) -> Result<(), Error> {
-        self.core.raise_fence(key, floor).await
+    /// retry a dropped raise before relying on its minimum.
+    async fn raise_fence(&self, key: &LockKey, minimum: Fence) -> Result<(), Error> {
+        self.core.raise_fence(key, minimum).await
     }
 }
 

@@ -1,6 +1,6 @@
 //! Hold operations: acquire, renew one hold, hand over, release (with the
 //! retries of unconfirmed releases), describe a hold and raise a key's
-//! fence floor. Each is one Txn, or one read and one Txn.
+//! fence minimum. Each is one Txn, or one read and one Txn.
 
 use std::time::Duration;
 
@@ -201,7 +201,7 @@ impl Core {
     }
 
     /// Lifts the key's fence offset so that `create revision + offset`
-    /// exceeds `floor` for every later hold: revisions only grow and the
+    /// exceeds `minimum` for every later hold: revisions only grow and the
     /// offset never shrinks.
     pub(crate) async fn raise_fence(&self, key: &LockKey, minimum: Fence) -> Result<(), Error> {
         let minimum = i64::try_from(minimum.get()).map_err(|_| {

@@ -1,5 +1,5 @@
 //! Reading holds: the holder of one key, every hold under a prefix, and
-//! what they carry (fence with the key's raised floor, time left on the
+//! what they carry (fence with the key's raised minimum, time left on the
 //! lease, description). Both paths build their answers with one function,
 //! so `inspect` and `list` report the same fence for the same hold.
 

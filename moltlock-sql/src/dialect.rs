@@ -108,6 +108,6 @@ pub trait Ops: Sized + Send + Sync + 'static {
     async fn renew_many(db: &Shared<Self>, items: &[RenewItem]) -> DbResult<Vec<bool>>;
     /// Sets the description of `owner`'s hold.
     async fn describe(db: &Shared<Self>, k: &LockKey, t: &Token, text: &str) -> DbResult<bool>;
-    /// Makes every later fence of `key` exceed `floor`.
-    async fn raise_fence(db: &Shared<Self>, key: &LockKey, floor: Fence) -> DbResult<()>;
+    /// Makes every later fence of `key` exceed `minimum`.
+    async fn raise_fence(db: &Shared<Self>, key: &LockKey, minimum: Fence) -> DbResult<()>;
 }

@@ -219,11 +219,12 @@ impl Ops for Sqlite {
     }
 
     /// Lifts the one counter all keys draw fences from.
-    async fn raise_fence(db: &Shared<Self>, _key: &LockKey, floor: Fence) -> DbResult<()> {
-        let floor = i64::try_from(floor.get())
-            .map_err(|_| Error::Config(format!("fence floor {floor} exceeds SQLite's integers")))?;
+    async fn raise_fence(db: &Shared<Self>, _key: &LockKey, minimum: Fence) -> DbResult<()> {
+        let minimum = i64::try_from(minimum.get()).map_err(|_| {
+            Error::Config(format!("fence minimum {minimum} exceeds SQLite's integers"))
+        })?;
         sqlx::query(&db.dialect.sql.raise)
-            .bind(floor)
+            .bind(minimum)
             .execute(&db.pool)
             .await?;
         Ok(())
