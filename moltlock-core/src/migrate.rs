@@ -224,13 +224,7 @@ impl MigratingBackend {
         } else {
             &self.new
         };
-        let raised = match lower.fence_raiser() {
-            Some(r) => r.raise_fence(key, fence).await,
-            None => Err(Error::Unsupported {
-                backend: lower.name(),
-                what: "raising fences",
-            }),
-        };
+        let raised = crate::BackendExt::raise_fence(&**lower, key, fence).await;
         if let Err(e) = raised {
             self.delete(key, token).await?;
             return Err(e);

@@ -507,3 +507,56 @@ async fn step_larger_than_the_validity_loses_the_hold() {
     sleep(Duration::from_millis(1)).await;
     assert_eq!(lost.lock().unwrap().as_slice(), ["a"]);
 }
+
+/// Renewals wait until `answer` is notified, then report every hold gone.
+#[derive(Clone, Default)]
+struct RefusesLate {
+    store: MemoryBackend,
+    answer: Arc<tokio::sync::Notify>,
+    asked: Arc<tokio::sync::Notify>,
+}
+
+impl Forward for RefusesLate {
+    type Inner = MemoryBackend;
+
+    fn inner(&self) -> &MemoryBackend {
+        &self.store
+    }
+
+    hand_out!(RenewMany);
+}
+
+#[async_trait]
+impl RenewMany for RefusesLate {
+    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        self.asked.notify_one();
+        self.answer.notified().await;
+        Ok(vec![false; items.len()])
+    }
+}
+
+/// A renewal in flight when its guard is released, refused after the
+/// release, is no loss: the lost callback is not called.
+#[tokio::test(start_paused = true)]
+async fn renewal_refused_after_release_is_no_loss() {
+    let backend = RefusesLate::default();
+    let lost = Arc::new(AtomicU64::new(0));
+    let seen = lost.clone();
+    let mgr = LockManager::builder(backend.clone())
+        .ttl(Duration::from_secs(3))
+        .on_lost(move |_| {
+            seen.fetch_add(1, Ordering::SeqCst);
+        })
+        .build()
+        .unwrap();
+    let guard = mgr.lock("k").await.unwrap();
+    backend.asked.notified().await; // the renewal at 1 s is in flight
+    guard.release().await.unwrap();
+    backend.answer.notify_one();
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        lost.load(Ordering::SeqCst),
+        0,
+        "a released hold was reported lost"
+    );
+}
