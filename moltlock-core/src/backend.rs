@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::features::{Describe, FairQueue, Inspect, RaiseFence, RenewMany, Watch};
+use crate::features::{CasMulti, Describe, FairQueue, Inspect, RaiseFence, RenewMany, Watch};
 use crate::records::CasOutcome;
 use crate::{Error, LockKey, Token};
 
@@ -175,6 +175,12 @@ pub trait Backend: Send + Sync + 'static {
 
     /// A first-come, first-served queue per key.
     fn fair_queue(&self) -> Option<&dyn FairQueue> {
+        None
+    }
+
+    /// Taking several keys in one round trip (semaphores, multi-locks).
+    /// `None` (the default): one [`cas`](Self::cas) per key.
+    fn batch_cas(&self) -> Option<&dyn CasMulti> {
         None
     }
 }

@@ -112,6 +112,18 @@ pub enum Error {
         /// The key.
         key: String,
     },
+    /// A semaphore (or a read-write lock's readers) is used elsewhere with
+    /// more permits than this client allows: a slot at or past this
+    /// client's count is held. Clients must agree on the count.
+    #[error("semaphore {key:?} allows {permits} permits here, but slot {seen} is held elsewhere: every client must use the same count")]
+    LimitMismatch {
+        /// The semaphore's name.
+        key: String,
+        /// This client's count.
+        permits: u32,
+        /// The held slot past it.
+        seen: u32,
+    },
     /// The lock was lost while held.
     #[error("lock {key:?} was lost: {reason}")]
     Lost {

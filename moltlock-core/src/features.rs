@@ -104,3 +104,37 @@ pub trait FairQueue: Send + Sync {
     /// by `token`).
     async fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Fence, Error>;
 }
+
+/// Taking several keys in one request: all of them, or the first free one.
+/// Without it, [`BackendExt::cas_multi`](crate::BackendExt::cas_multi)
+/// takes them one `cas` at a time (and gives back what it took when a key
+/// is held).
+#[async_trait]
+pub trait CasMulti: Send + Sync {
+    /// Atomically, for distinct `keys`: with [`MultiMode::All`], if every
+    /// key is free (absent or expired), make `token` hold each of them for
+    /// `ttl` with a fresh fence, and otherwise change nothing; with
+    /// [`MultiMode::Any`], make `token` hold the first free key in the
+    /// order given. No other client may ever see a part of an `All` set
+    /// held. A key already held by `token` counts as held.
+    ///
+    /// # Cancel safety
+    /// As [`Backend::cas`](crate::Backend::cas): a dropped call may still
+    /// take effect (all keys, or the one key) for up to
+    /// [`Limits::late_write`](crate::Limits::late_write); the manager then
+    /// deletes every key by `token` until that bound has passed.
+    async fn cas_multi(
+        &self,
+        keys: &[LockKey],
+        token: &Token,
+        ttl: Duration,
+        mode: crate::MultiMode,
+    ) -> Result<crate::MultiOutcome, Error>;
+
+    /// The most keys one call may name (etcd: its operations per
+    /// transaction); the manager falls back to one `cas` at a time for
+    /// longer lists.
+    fn max_keys(&self) -> usize {
+        usize::MAX
+    }
+}

@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::features::{Describe, FairQueue, Inspect, RaiseFence, ReleaseWatch, RenewMany, Watch};
-use crate::records::{CasOutcome, HolderInfo, RenewItem};
+use crate::features::{
+    CasMulti, Describe, FairQueue, Inspect, RaiseFence, ReleaseWatch, RenewMany, Watch,
+};
+use crate::records::{CasOutcome, HolderInfo, MultiMode, MultiOutcome, RenewItem};
 use crate::{Backend, Error, Fence, Limits, LockKey, StoreClock, Token};
 
 /// Renews each item with its own owner-checked `cas`: what the manager does
@@ -146,6 +148,11 @@ pub trait Forward: Send + Sync + 'static {
     fn fair_queue(&self) -> Option<&dyn FairQueue> {
         self.inner().fair_queue()
     }
+
+    /// As [`Backend::batch_cas`]; forwards by default.
+    fn batch_cas(&self) -> Option<&dyn CasMulti> {
+        self.inner().batch_cas()
+    }
 }
 
 #[async_trait]
@@ -206,6 +213,10 @@ impl<W: Forward> Backend for W {
 
     fn fair_queue(&self) -> Option<&dyn FairQueue> {
         Forward::fair_queue(self)
+    }
+
+    fn batch_cas(&self) -> Option<&dyn CasMulti> {
+        Forward::batch_cas(self)
     }
 }
 
@@ -272,6 +283,10 @@ macro_rules! pointer_backend {
             fn fair_queue(&self) -> Option<&dyn FairQueue> {
                 (**self).fair_queue()
             }
+
+            fn batch_cas(&self) -> Option<&dyn CasMulti> {
+                (**self).batch_cas()
+            }
         }
     )*};
 }
@@ -300,6 +315,7 @@ pub fn extensions<B: Backend + ?Sized>(backend: &B) -> Vec<&'static str> {
         ("describe", backend.describer().is_some()),
         ("raise_fence", backend.fence_raiser().is_some()),
         ("fair_queue", backend.fair_queue().is_some()),
+        ("cas_multi", backend.batch_cas().is_some()),
     ];
     present
         .into_iter()
@@ -380,6 +396,24 @@ pub trait BackendExt: Backend {
             .acquire(key, token, ttl)
             .await
     }
+
+    /// [`CasMulti::cas_multi`], or one `cas` per key
+    /// ([`cas_each`](crate::extension::cas_each)) where the backend has no
+    /// batch or the list is longer than its batch takes.
+    async fn cas_multi(
+        &self,
+        keys: &[LockKey],
+        token: &Token,
+        ttl: Duration,
+        mode: MultiMode,
+    ) -> Result<MultiOutcome, Error> {
+        match self.batch_cas() {
+            Some(batch) if keys.len() <= batch.max_keys() => {
+                batch.cas_multi(keys, token, ttl, mode).await
+            }
+            _ => crate::batch::cas_each(self, keys, token, ttl, mode).await,
+        }
+    }
 }
 
 impl<B: Backend + ?Sized> BackendExt for B {}
@@ -388,7 +422,7 @@ impl<B: Backend + ?Sized> BackendExt for B {}
 /// itself: inside `impl Backend for MyStore`, `hand_out!(Watch, Inspect)`
 /// writes `fn watcher(&self) -> Option<&dyn Watch> { Some(self) }` and the
 /// same for each extension named (`Watch`, `Inspect`, `RenewMany`,
-/// `Describe`, `RaiseFence`, `FairQueue`).
+/// `Describe`, `RaiseFence`, `FairQueue`, `CasMulti`).
 ///
 /// ```
 /// use std::time::Duration;
@@ -425,6 +459,7 @@ macro_rules! hand_out {
     (@one Describe) => { $crate::hand_out!(@fn describer Describe); };
     (@one RaiseFence) => { $crate::hand_out!(@fn fence_raiser RaiseFence); };
     (@one FairQueue) => { $crate::hand_out!(@fn fair_queue FairQueue); };
+    (@one CasMulti) => { $crate::hand_out!(@fn batch_cas CasMulti); };
     (@fn $accessor:ident $extension:ident) => {
         fn $accessor(&self) -> ::core::option::Option<&dyn $crate::$extension> {
             ::core::option::Option::Some(self)

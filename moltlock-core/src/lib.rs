@@ -26,6 +26,7 @@
 //! ```
 
 mod backend;
+mod batch;
 mod cleanup;
 mod clock;
 mod duration;
@@ -34,11 +35,13 @@ mod events;
 mod features;
 mod forward;
 mod guard;
+mod guards;
 mod hold;
 mod manager;
 mod memory;
 pub mod metrics;
 pub mod migrate;
+mod multi;
 mod options;
 mod pending;
 mod records;
@@ -46,6 +49,10 @@ mod redact;
 mod registry;
 mod renew;
 mod retry;
+mod rwlock;
+mod semaphore;
+mod sets;
+mod slots;
 mod types;
 
 pub use async_trait::async_trait;
@@ -54,25 +61,32 @@ pub use clock::StoreClock;
 pub use duration::parse_duration;
 pub use error::{redact_error, BoxError, Error, LostReason};
 pub use events::KeyEvents;
-pub use features::{Describe, FairQueue, Inspect, RaiseFence, ReleaseWatch, RenewMany, Watch};
+pub use features::{
+    CasMulti, Describe, FairQueue, Inspect, RaiseFence, ReleaseWatch, RenewMany, Watch,
+};
 pub use forward::{BackendExt, Forward};
 pub use guard::LockGuard;
+pub use guards::{MultiGuard, Permit, ReadGuard, SlotGuard, WriteGuard};
 pub use manager::{LockManager, LockManagerBuilder};
 pub use memory::MemoryBackend;
 pub use migrate::{MigratingBackend, Phase};
 pub use options::LockOptions;
 pub use pending::{pending_cleanups, wait_for_cleanups};
-pub use records::{CasOutcome, Held, HolderInfo, RenewItem};
+pub use records::{CasOutcome, Held, HolderInfo, MultiMode, MultiOutcome, RenewItem};
 pub use redact::{redact, Secret};
 pub use registry::LostEvent;
 pub use retry::RetryPolicy;
+pub use rwlock::{RwLock, RwOptions};
+pub use semaphore::Semaphore;
+pub use slots::MAX_PERMITS;
 pub use types::{
-    check_description, check_ttl, Fence, LockKey, Token, MAX_DESCRIPTION_LEN, MAX_KEY_LEN, MAX_TTL,
-    MIN_TTL,
+    check_description, check_ttl, Fence, LockKey, Token, DERIVED_ROOM, MAX_DESCRIPTION_LEN,
+    MAX_KEY_LEN, MAX_TTL, MIN_TTL, RESERVED_MARK,
 };
 
 /// Helpers for optional backend features: which extensions a backend
 /// hands out, requiring one, and renewing without a batch.
 pub mod extension {
+    pub use crate::batch::cas_each;
     pub use crate::forward::{extensions, renew_each, require};
 }

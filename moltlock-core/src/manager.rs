@@ -113,6 +113,11 @@ impl LockManager {
         }
     }
 
+    /// The shared state of this manager.
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
     /// The backend behind this manager.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.inner.backend
@@ -178,18 +183,8 @@ impl LockManager {
         key: impl AsRef<str>,
         opts: LockOptions,
     ) -> Result<Option<LockGuard>, Error> {
-        let key = LockKey::new(key.as_ref())?;
-        key.check_len(self.inner.limits.max_key_len)?;
-        if self.inner.runtime.get().is_none() {
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                let _ = self.inner.runtime.set(handle);
-            }
-        }
-        let ttl = opts.ttl.unwrap_or(self.inner.cfg.ttl);
-        check_ttl(ttl, self.inner.limits.min_ttl)?;
-        if let Some(text) = &opts.description {
-            crate::check_description(text)?;
-        }
+        let key = self.user_key(key.as_ref(), 0)?;
+        let ttl = self.checked_ttl(&opts)?;
         let started = Instant::now();
         let fut = self.acquire_loop(&key, ttl, &opts, started);
         let outcome = match opts.timeout {
@@ -209,9 +204,42 @@ impl LockManager {
         outcome
     }
 
+    /// Checks a caller's key: valid, not a derived one, and with `room`
+    /// bytes to spare under the backend's key limit.
+    pub(crate) fn user_key(&self, key: &str, room: usize) -> Result<LockKey, Error> {
+        let key = LockKey::new(key)?;
+        key.check_not_reserved()?;
+        let limit = self.inner.limits.max_key_len;
+        if room > 0 && key.as_str().len() + room > limit {
+            let reason = format!(
+                "the name is {} bytes; its derived keys need {room} more, and the backend's limit is {limit}",
+                key.as_str().len()
+            );
+            return Err(Error::invalid_key(key.as_str(), reason));
+        }
+        key.check_len(limit)?;
+        Ok(key)
+    }
+
+    /// The TTL of an acquisition, checked with its description, and the
+    /// runtime noted for releases asked for off a runtime.
+    pub(crate) fn checked_ttl(&self, opts: &LockOptions) -> Result<Duration, Error> {
+        if self.inner.runtime.get().is_none() {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                let _ = self.inner.runtime.set(handle);
+            }
+        }
+        let ttl = opts.ttl.unwrap_or(self.inner.cfg.ttl);
+        check_ttl(ttl, self.inner.limits.min_ttl)?;
+        if let Some(text) = &opts.description {
+            crate::check_description(text)?;
+        }
+        Ok(ttl)
+    }
+
     /// Stores the holder description, where the backend can; a failure only
     /// costs the description.
-    async fn describe(&self, guard: &LockGuard, text: &str) {
+    pub(crate) async fn describe(&self, guard: &LockGuard, text: &str) {
         let Some(describer) = self.inner.backend.describer() else {
             return;
         };
@@ -317,7 +345,7 @@ impl LockManager {
     /// step of the store's clock cut short, may have little validity left:
     /// renew it at once. Returns the instant the
     /// confirming request was sent, or `None` when the hold is gone.
-    async fn confirm_late_grant(
+    pub(crate) async fn confirm_late_grant(
         &self,
         key: &LockKey,
         token: &Token,
@@ -336,7 +364,7 @@ impl LockManager {
         }
     }
 
-    async fn open_watch(&self, key: &LockKey) -> Option<Box<dyn ReleaseWatch>> {
+    pub(crate) async fn open_watch(&self, key: &LockKey) -> Option<Box<dyn ReleaseWatch>> {
         let watcher = self.inner.backend.watcher()?;
         match watcher.watch(key).await {
             Ok(w) => Some(w),
@@ -366,7 +394,7 @@ impl LockManager {
         }
     }
 
-    fn guard(
+    pub(crate) fn guard(
         &self,
         key: &LockKey,
         token: Token,

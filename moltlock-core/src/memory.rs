@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::{
-    Backend, CasOutcome, Describe, Error, Fence, Held, HolderInfo, Inspect, KeyEvents, LockKey,
-    RaiseFence, ReleaseWatch, RenewItem, RenewMany, Token, Watch,
+    Backend, CasMulti, CasOutcome, Describe, Error, Fence, Held, HolderInfo, Inspect, KeyEvents,
+    LockKey, MultiMode, MultiOutcome, RaiseFence, ReleaseWatch, RenewItem, RenewMany, Token, Watch,
 };
 
 struct Entry {
@@ -54,6 +54,29 @@ impl State {
             self.entries.remove(key);
         }
         self.entries.get(key)
+    }
+
+    /// What an attempt on a held key saw, or `None` when the key is free.
+    fn busy(&mut self, key: &str, now: Instant) -> Option<Held> {
+        self.live(key, now).map(|e| Held {
+            holder: Some(e.holder.clone()),
+            expires_in: Some(e.expires_at.saturating_duration_since(now)),
+            revision: None,
+        })
+    }
+
+    /// Makes `token` the holder of a free key, with a fresh fence.
+    fn take(&mut self, key: &str, token: &Token, expires_at: Instant) -> Fence {
+        self.last_fence += 1;
+        let fence = Fence(self.last_fence);
+        let entry = Entry {
+            holder: token.clone(),
+            fence,
+            expires_at,
+            description: None,
+        };
+        self.entries.insert(key.to_owned(), entry);
+        fence
     }
 }
 
@@ -109,7 +132,42 @@ impl Backend for MemoryBackend {
         "memory"
     }
 
-    crate::hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence);
+    crate::hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence, CasMulti);
+}
+
+#[async_trait]
+impl CasMulti for MemoryBackend {
+    /// Takes the keys under one lock of the store.
+    async fn cas_multi(
+        &self,
+        keys: &[LockKey],
+        token: &Token,
+        ttl: Duration,
+        mode: MultiMode,
+    ) -> Result<MultiOutcome, Error> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let mut busy = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            match st.busy(key.as_str(), now) {
+                Some(held) => busy.push((i, held)),
+                None if mode == MultiMode::Any => {
+                    let fence = st.take(key.as_str(), token, now + ttl);
+                    return Ok(MultiOutcome::Acquired(vec![(i, fence)]));
+                }
+                None => {}
+            }
+        }
+        if !busy.is_empty() || mode == MultiMode::Any {
+            return Ok(MultiOutcome::Held(busy));
+        }
+        let taken = keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| (i, st.take(key.as_str(), token, now + ttl)))
+            .collect();
+        Ok(MultiOutcome::Acquired(taken))
+    }
 }
 
 #[async_trait]

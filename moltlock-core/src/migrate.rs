@@ -339,6 +339,12 @@ impl Backend for MigratingBackend {
     fn fair_queue(&self) -> Option<&dyn FairQueue> {
         self.single()?.fair_queue()
     }
+
+    /// Only in `Old` and `New`; in `Both`, one `cas` per key (each on both
+    /// stores).
+    fn batch_cas(&self) -> Option<&dyn crate::CasMulti> {
+        self.single()?.batch_cas()
+    }
 }
 
 #[async_trait]

@@ -60,3 +60,24 @@ pub struct HolderInfo {
     /// when), where the backend stores descriptions ([`Describe`](crate::Describe)).
     pub description: Option<String>,
 }
+
+/// Which keys a [`CasMulti::cas_multi`](crate::CasMulti::cas_multi) takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MultiMode {
+    /// Every key, or none.
+    All,
+    /// The first free key, in the order given.
+    Any,
+}
+
+/// What a [`CasMulti::cas_multi`](crate::CasMulti::cas_multi) did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MultiOutcome {
+    /// The keys now held, as (index into the keys given, fresh fence): every
+    /// key for [`MultiMode::All`], the one taken for [`MultiMode::Any`].
+    Acquired(Vec<(usize, Fence)>),
+    /// Nothing was taken. What the busy keys' attempts saw, as (index,
+    /// what it saw): at least one key for [`MultiMode::All`], every key for
+    /// [`MultiMode::Any`].
+    Held(Vec<(usize, Held)>),
+}

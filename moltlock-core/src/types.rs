@@ -10,6 +10,16 @@ use crate::Error;
 /// through [`Limits::max_key_len`](crate::Limits::max_key_len).
 pub const MAX_KEY_LEN: usize = 256;
 
+/// The sequence that marks the keys MoltLock derives from a name (a
+/// semaphore's slots, a read-write lock's parts): `name#~s3`. The manager
+/// refuses keys that contain it, so a derived key never names a caller's
+/// own lock.
+pub const RESERVED_MARK: &str = "#~";
+
+/// Bytes a primitive's name leaves for the suffixes of its derived keys:
+/// a semaphore's name is at most the backend's key limit less this.
+pub const DERIVED_ROOM: usize = 16;
+
 /// Longest holder description, in bytes (see
 /// [`Backend::describe`](crate::Backend::describe)).
 pub const MAX_DESCRIPTION_LEN: usize = 256;
@@ -61,6 +71,29 @@ impl LockKey {
     /// The key as text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// For a key MoltLock derived from a name ([`RESERVED_MARK`]): the name
+    /// and the suffix after the mark. Backends that keep a primitive's keys
+    /// together (Redis Cluster hash tags) use the name.
+    pub fn derived_parts(&self) -> Option<(&str, &str)> {
+        let at = self.0.find(RESERVED_MARK)?;
+        Some((&self.0[..at], &self.0[at + RESERVED_MARK.len()..]))
+    }
+
+    /// The key `self` + [`RESERVED_MARK`] + `suffix`.
+    pub(crate) fn derive(&self, suffix: &str) -> LockKey {
+        LockKey(format!("{}{RESERVED_MARK}{suffix}", self.0))
+    }
+
+    /// Refuses keys that hold [`RESERVED_MARK`]: a caller's key must not
+    /// spell a derived one.
+    pub(crate) fn check_not_reserved(&self) -> Result<(), Error> {
+        if self.0.contains(RESERVED_MARK) {
+            let reason = format!("the key contains {RESERVED_MARK:?}, which MoltLock reserves for the keys of semaphores and read-write locks");
+            return Err(Error::invalid_key(&self.0, reason));
+        }
+        Ok(())
     }
 
     /// Checks the key against a backend's own length limit.

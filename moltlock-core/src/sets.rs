@@ -1,0 +1,275 @@
+//! Acquiring several keys at once: the engine under semaphores, read-write
+//! locks and multi-locks. Each key is an ordinary hold (renewed, fenced,
+//! expired by the store's clock), so these primitives are exactly as safe
+//! as the single-key contract the conformance suite proves per backend.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::cleanup::PendingAcquire;
+use crate::guard::LockGuard;
+use crate::manager::LockManager;
+use crate::options::LockOptions;
+use crate::{BackendExt, Error, Held, LockKey, MultiMode, MultiOutcome, ReleaseWatch, Token};
+
+/// Waiters on more keys than this poll instead of watching each key.
+const WATCH_LIMIT: usize = 16;
+
+/// What one attempt at a set of keys saw.
+pub(crate) enum Attempt {
+    /// The holds taken, in the order of the keys given.
+    Got(Vec<LockGuard>),
+    /// Nothing is held; the busy keys as (index, what was seen). Empty when
+    /// a grant expired before it was confirmed (try again at once).
+    Busy(Vec<(usize, Held)>),
+}
+
+type Watches = Vec<Option<Box<dyn ReleaseWatch>>>;
+
+/// A boxed future borrowing from the caller.
+pub(crate) type Pinned<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Resolves with the first of `futures` to finish; never, when empty.
+pub(crate) async fn first_of<T>(mut futures: Vec<Pinned<'_, T>>) -> T {
+    std::future::poll_fn(|cx| {
+        for f in futures.iter_mut() {
+            if let Poll::Ready(v) = f.as_mut().poll(cx) {
+                return Poll::Ready(v);
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// Runs `work` within `timeout` (when given), failing with
+/// [`Error::Timeout`] naming `label`.
+pub(crate) async fn within<T>(
+    label: &str,
+    timeout: Option<Duration>,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    let Some(limit) = timeout else {
+        return work.await;
+    };
+    let started = Instant::now();
+    match tokio::time::timeout(limit, work).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Timeout {
+            key: label.to_owned(),
+            waited: started.elapsed(),
+        }),
+    }
+}
+
+/// The guard of a waiting acquisition (which returns `None` only when
+/// asked not to wait).
+pub(crate) fn granted<T>(mgr: &LockManager, got: Option<T>) -> Result<T, Error> {
+    got.ok_or_else(|| Error::store(mgr.backend().name(), "no hold returned", false))
+}
+
+impl LockManager {
+    /// One attempt at `keys` under one fresh token.
+    ///
+    /// # Cancel safety
+    /// Every key is covered by an armed cleanup while the request is in
+    /// flight; once the store answered, each hold is owned by its guard.
+    pub(crate) async fn attempt_set(
+        &self,
+        keys: &[LockKey],
+        mode: MultiMode,
+        ttl: Duration,
+    ) -> Result<Attempt, Error> {
+        let inner = self.inner();
+        let token = Token::random();
+        let mut pending: Vec<PendingAcquire> = keys
+            .iter()
+            .map(|k| PendingAcquire::new(inner.clone(), k, &token))
+            .collect();
+        let sent_at = Instant::now();
+        let outcome = inner.backend.cas_multi(keys, &token, ttl, mode).await?;
+        match outcome {
+            MultiOutcome::Held(busy) => {
+                self.give_back_own(keys, &token, &busy, &mut pending).await;
+                Ok(Attempt::Busy(busy))
+            }
+            MultiOutcome::Acquired(taken) => {
+                self.confirm_set(keys, token, ttl, sent_at, taken, pending)
+                    .await
+            }
+        }
+    }
+
+    /// Keys the store reported held by our own token (a request applied
+    /// twice) are deleted; every other key's cleanup is disarmed.
+    async fn give_back_own(
+        &self,
+        keys: &[LockKey],
+        token: &Token,
+        busy: &[(usize, Held)],
+        pending: &mut [PendingAcquire],
+    ) {
+        for (i, p) in pending.iter_mut().enumerate() {
+            let own = busy
+                .iter()
+                .any(|(j, h)| *j == i && h.holder.as_ref() == Some(token));
+            let deleted = match (own, keys.get(i)) {
+                (true, Some(key)) => self.inner().backend.delete(key, token).await.is_ok(),
+                _ => true,
+            };
+            if deleted {
+                p.disarm();
+            }
+        }
+    }
+
+    /// Makes guards of the holds taken; a grant a clock step cut short is
+    /// given back, and the attempt counts as busy with nothing seen.
+    async fn confirm_set(
+        &self,
+        keys: &[LockKey],
+        token: Token,
+        ttl: Duration,
+        sent_at: Instant,
+        taken: Vec<(usize, crate::Fence)>,
+        mut pending: Vec<PendingAcquire>,
+    ) -> Result<Attempt, Error> {
+        let mut guards = Vec::with_capacity(taken.len());
+        let mut whole = true;
+        for (i, fence) in taken {
+            let Some(key) = keys.get(i) else { continue };
+            let confirmed = self.confirm_late_grant(key, &token, ttl, sent_at).await?;
+            if let Some(p) = pending.get_mut(i) {
+                p.disarm();
+            }
+            match confirmed {
+                Some(at) => guards.push(self.guard(key, token.clone(), fence, ttl, at)),
+                None => whole = false,
+            }
+        }
+        for p in pending.iter_mut() {
+            p.disarm();
+        }
+        if !whole {
+            // Dropping the guards gives the rest back.
+            drop(guards);
+            return Ok(Attempt::Busy(Vec::new()));
+        }
+        Ok(Attempt::Got(guards))
+    }
+
+    /// Waits for `keys` (all of them, or any one) and holds them; `None`
+    /// only with `no_wait`. `check` runs once, the first time every key
+    /// is found busy (a semaphore's limit check).
+    ///
+    /// # Cancel safety
+    /// As [`attempt_set`](Self::attempt_set): a dropped wait holds nothing.
+    pub(crate) async fn acquire_set(
+        &self,
+        keys: &[LockKey],
+        mode: MultiMode,
+        ttl: Duration,
+        no_wait: bool,
+        check: Option<&crate::slots::SlotSet>,
+    ) -> Result<Option<Vec<LockGuard>>, Error> {
+        let mut watches = if no_wait {
+            Vec::new()
+        } else {
+            self.open_watches(keys).await
+        };
+        let mut checked = false;
+        let mut attempt = 0u32;
+        loop {
+            match self.attempt_set(keys, mode, ttl).await {
+                Ok(Attempt::Got(guards)) => return Ok(Some(guards)),
+                Ok(Attempt::Busy(busy)) if busy.is_empty() => {}
+                Ok(Attempt::Busy(busy)) => {
+                    if let (Some(set), false) = (check, checked) {
+                        set.check_limit(self).await?;
+                        checked = true;
+                    }
+                    if no_wait {
+                        return Ok(None);
+                    }
+                    self.pause_set(&mut watches, &busy, attempt).await;
+                }
+                Err(e) if e.is_retryable() && !no_wait => {
+                    tracing::debug!(error = %e, "acquire attempt failed; retrying");
+                    tokio::time::sleep(self.inner().cfg.retry.delay(attempt)).await;
+                }
+                Err(e) => return Err(e),
+            }
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    /// A release watch per key, opened before the first attempt (none for
+    /// more than [`WATCH_LIMIT`] keys: those waiters poll).
+    pub(crate) async fn open_watches(&self, keys: &[LockKey]) -> Watches {
+        let mut out = Vec::with_capacity(keys.len());
+        if keys.len() > WATCH_LIMIT {
+            return out;
+        }
+        for key in keys {
+            out.push(self.open_watch(key).await);
+        }
+        out
+    }
+
+    /// Sleeps until a busy key's release, the earliest expiry seen, or the
+    /// retry delay.
+    pub(crate) async fn pause_set(
+        &self,
+        watches: &mut Watches,
+        busy: &[(usize, Held)],
+        attempt: u32,
+    ) {
+        let mut delay = self.inner().cfg.retry.delay(attempt);
+        for (_, held) in busy {
+            if let Some(left) = held.expires_in {
+                delay = delay.min(left + Duration::from_millis(1));
+            }
+        }
+        let mut waits: Vec<Pinned<'_, (usize, Result<(), Error>)>> = Vec::new();
+        for (i, slot) in watches.iter_mut().enumerate() {
+            let (Some(w), Some((_, held))) = (slot.as_mut(), busy.iter().find(|(j, _)| *j == i))
+            else {
+                continue;
+            };
+            waits.push(Box::pin(async move { (i, w.released(held).await) }));
+        }
+        let failed = tokio::select! {
+            (i, r) = first_of(waits) => r.err().map(|e| (i, e)),
+            _ = tokio::time::sleep(delay) => None,
+        };
+        if let Some((i, e)) = failed {
+            tracing::debug!(error = %e, "release watch failed; polling instead");
+            if let Some(slot) = watches.get_mut(i) {
+                *slot = None;
+            }
+        }
+    }
+
+    /// Checks a primitive's options: the TTL and the description.
+    pub(crate) fn set_ttl(&self, opts: &LockOptions) -> Result<Duration, Error> {
+        if opts.fair {
+            return Err(Error::Config(
+                "semaphores, read-write locks and multi-locks have no fair mode".into(),
+            ));
+        }
+        self.checked_ttl(opts)
+    }
+
+    /// Stores the description with every guard, where the backend can.
+    pub(crate) async fn describe_all(&self, guards: &[LockGuard], opts: &LockOptions) {
+        if let Some(text) = &opts.description {
+            for g in guards {
+                self.describe(g, text).await;
+            }
+        }
+    }
+}
