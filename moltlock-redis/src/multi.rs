@@ -2,9 +2,11 @@
 
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use moltlock_core::extension::cas_each;
 use moltlock_core::{
-    async_trait, CasMulti, CasOutcome, Error, LockKey, MultiMode, MultiOutcome, Token,
+    async_trait, CasMulti, CasOutcome, Error, Held, Inspect, LockKey, MultiMode, MultiOutcome,
+    Token,
 };
 use tokio::time::Instant;
 
@@ -28,6 +30,45 @@ impl RedisBackend {
         let mut tags = keys.iter().map(|k| layout.tag(k));
         let first = tags.next();
         tags.all(|t| Some(t) == first)
+    }
+
+    /// Cluster, keys of several slots: one `cas` at a time. An `All` first
+    /// reads every key (all at once) and, when one is held, refuses without
+    /// taking any, so a set refused for a key held at that read is never
+    /// seen in part. A key taken by another client between the read and
+    /// its own `cas` still leaves the keys before it held until they are
+    /// given back: across slots no request is atomic.
+    async fn across_slots(
+        &self,
+        keys: &[LockKey],
+        token: &Token,
+        ttl: Duration,
+        mode: MultiMode,
+    ) -> Result<MultiOutcome, Error> {
+        if mode == MultiMode::All {
+            let busy = self.busy_now(keys).await?;
+            if !busy.is_empty() {
+                return Ok(MultiOutcome::Held(busy));
+            }
+        }
+        cas_each(self, keys, token, ttl, mode).await
+    }
+
+    /// The keys held now, as `cas` would report them, read concurrently.
+    async fn busy_now(&self, keys: &[LockKey]) -> Result<Vec<(usize, Held)>, Error> {
+        let reads = keys.iter().map(|k| Inspect::inspect(self, k));
+        let mut busy = Vec::new();
+        for (i, read) in join_all(reads).await.into_iter().enumerate() {
+            if let Some(info) = read? {
+                let held = Held {
+                    holder: Some(info.holder),
+                    expires_in: info.expires_in,
+                    revision: None,
+                };
+                busy.push((i, held));
+            }
+        }
+        Ok(busy)
     }
 
     /// Lock, fence and description key of each key in turn.
@@ -75,7 +116,11 @@ impl CasMulti for RedisBackend {
     /// Cluster: keys that do not all share one hash tag (the keys derived
     /// from one name do) live in different slots, which no script can span;
     /// they are taken one `cas` at a time
-    /// ([`cas_each`](moltlock_core::extension::cas_each)).
+    /// ([`cas_each`](moltlock_core::extension::cas_each)), an `All` after
+    /// one concurrent read of every key that refuses without writing when
+    /// one is held. Such a call is not atomic: a key taken elsewhere
+    /// between that read and its `cas` leaves the keys before it visibly
+    /// held until they are given back.
     async fn cas_multi(
         &self,
         keys: &[LockKey],
@@ -94,7 +139,7 @@ impl CasMulti for RedisBackend {
             });
         }
         if !self.one_script(keys) {
-            return cas_each(self, keys, token, ttl, mode).await;
+            return self.across_slots(keys, token, ttl, mode).await;
         }
         let stored = self.stored_keys_of(keys);
         let stored: Vec<&str> = stored.iter().map(String::as_str).collect();
