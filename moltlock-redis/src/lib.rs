@@ -43,7 +43,10 @@
 //! - `cas_multi` (all of several keys, or the first free one) is one script,
 //!   one round trip, judging each key as the acquire script does; in
 //!   Cluster mode keys that do not share one hash tag are taken one `cas` at
-//!   a time, as no script can span slots;
+//!   a time, as no script can span slots (an `All` reads every key first and
+//!   refuses without writing when one is held; still, such a call is not
+//!   atomic: a key taken elsewhere between the read and its `cas` leaves the
+//!   keys before it held until they are given back);
 //! - waiting: one pub/sub connection per backend (`PSUBSCRIBE <prefix>{*`)
 //!   shared by all waiters, reconnecting by itself; while it is down the
 //!   manager polls by its retry policy.
