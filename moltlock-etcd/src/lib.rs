@@ -96,6 +96,7 @@ mod fair;
 mod holds;
 mod inspect;
 mod keys;
+mod multi;
 mod pending;
 mod renew;
 mod session;
