@@ -292,7 +292,10 @@ impl CasMulti for EtcdBackend {
     /// level, so the first free key is taken; `Held` lists every key.
     /// Either way one request (plus, as for `cas`, a lease grant or
     /// keep-alive when the session's lease needs one, and the retries of
-    /// unconfirmed releases).
+    /// unconfirmed releases). Should etcd refuse the Txn as too large (its
+    /// `--max-txn-ops` below [`EtcdConfig::max_txn_ops`]), the call takes
+    /// the keys one `cas` at a time instead, as the manager does past
+    /// [`max_keys`](CasMulti::max_keys).
     ///
     /// # Cancel safety
     /// As `cas`: a dropped call may still land (every key, or the one
@@ -305,12 +308,16 @@ impl CasMulti for EtcdBackend {
         ttl: Duration,
         mode: MultiMode,
     ) -> Result<MultiOutcome, Error> {
-        self.core.cas_multi(keys, token, ttl, mode).await
+        match self.core.cas_multi(keys, token, ttl, mode).await? {
+            Some(outcome) => Ok(outcome),
+            None => moltlock_core::extension::cas_each(self, keys, token, ttl, mode).await,
+        }
     }
 
-    /// 42: the most keys whose operations fit etcd's default limit of 128
-    /// operations per Txn (`--max-txn-ops`), for either mode.
+    /// The most keys whose operations fit one Txn: a third of
+    /// [`EtcdConfig::max_txn_ops`] (42 of etcd's default 128), and at most
+    /// 42 (the deepest nested answer the client decodes).
     fn max_keys(&self) -> usize {
-        crate::multi::MAX_KEYS
+        self.core.max_keys()
     }
 }

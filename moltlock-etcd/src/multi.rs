@@ -13,42 +13,70 @@ use crate::core::Core;
 use crate::error::{is_lease_not_found, map, NAME};
 use crate::txn::{fence, header_revision, offset_in};
 
-/// etcd's default `--max-txn-ops`: the most operations in one list
-/// (compares, success or failure) of a Txn. A nested Txn gets what its
-/// parent's longest list leaves of it.
-const MAX_TXN_OPS: usize = 128;
-
 /// The operations taking one key costs: its put, the read of its fence
 /// offset and the delete of a stale description.
 const OPS_PER_KEY: usize = 3;
 
-/// The most keys one call names. `All` has 3 operations per key in its
-/// success list (and one per key in the others); each level of `Any`'s
-/// chain has 3 operations in its longest list, which the levels below it
-/// lose of their budget. Both fit 128 operations with 42 keys.
-pub(crate) const MAX_KEYS: usize = MAX_TXN_OPS / OPS_PER_KEY;
+/// The longest `Any` chain: its answer nests two messages per key, and the
+/// client decodes answers at most 100 messages deep (a chain of 50 keys
+/// already fails to decode, after etcd applied it).
+const MAX_CHAIN: usize = 42;
 
 impl Core {
+    /// The most keys one call names. `All` has 3 operations per key in its
+    /// success list (and one per key in the others); each level of `Any`'s
+    /// chain has 3 operations in its longest list, which the levels below
+    /// it lose of their budget. So both fit `max_txn_ops / 3` keys (42 of
+    /// etcd's default 128); one limit serves both modes, so it is never
+    /// above [`MAX_CHAIN`] either.
+    pub(crate) fn max_keys(&self) -> usize {
+        (self.max_txn_ops / OPS_PER_KEY).min(MAX_CHAIN)
+    }
+
     /// Takes `keys` for `token` in one Txn (see the module docs), with one
-    /// more try on a fresh lease if the session's lease vanished.
+    /// more try on a fresh lease if the session's lease vanished. `None`
+    /// when etcd refused the Txn as too large (a server whose
+    /// `--max-txn-ops` is below the configured one): nothing was written.
     pub(crate) async fn cas_multi(
         &self,
         keys: &[LockKey],
         token: &Token,
         ttl: Duration,
         mode: MultiMode,
-    ) -> Result<MultiOutcome, Error> {
+    ) -> Result<Option<MultiOutcome>, Error> {
         if keys.is_empty() {
-            return Ok(match mode {
+            return Ok(Some(match mode {
                 MultiMode::All => MultiOutcome::Acquired(Vec::new()),
                 MultiMode::Any => MultiOutcome::Held(Vec::new()),
-            });
+            }));
         }
         self.flush_pending().await;
         // Any of them may be written; until etcd answers, none is known.
         for key in keys {
             self.written.forget(&self.keys.lock(key));
         }
+        let Some((resp, lease)) = self.send(keys, token, ttl, mode).await? else {
+            return Ok(None);
+        };
+        let outcome = match mode {
+            MultiMode::All => read_all(&resp, keys.len())?,
+            MultiMode::Any => read_any(resp, keys.len())?,
+        };
+        self.settle(keys, token, ttl, lease, outcome)
+            .await
+            .map(Some)
+    }
+
+    /// Sends the Txn of `mode` on the session lease for `ttl` (one more
+    /// try on a fresh lease if that lease vanished); the answer and the
+    /// lease the keys went on, or `None` when etcd refused it as too large.
+    async fn send(
+        &self,
+        keys: &[LockKey],
+        token: &Token,
+        ttl: Duration,
+        mode: MultiMode,
+    ) -> Result<Option<(TxnResponse, i64)>, Error> {
         let mut retried = false;
         loop {
             let lease = self.session.lease_for(ttl).await?;
@@ -57,18 +85,18 @@ impl Core {
                 MultiMode::Any => self.any_txn(keys, token, lease.id),
             };
             match self.io.txn(txn).await {
+                Ok(resp) => return Ok(Some((resp, lease.id))),
                 Err(e) if is_lease_not_found(&e) && !retried => {
                     self.session.forget(lease.id);
                     retried = true;
                 }
-                Err(e) => return Err(map(e)),
-                Ok(resp) => {
-                    let outcome = match mode {
-                        MultiMode::All => read_all(&resp, keys.len())?,
-                        MultiMode::Any => read_any(resp, keys.len())?,
-                    };
-                    return self.settle(keys, token, ttl, lease.id, outcome).await;
+                Err(e) if is_too_large(&e) => {
+                    tracing::warn!(keys = keys.len(), error = %e,
+                        "etcd refused a multi-key Txn as too large; taking the keys one at a time \
+                         (EtcdConfig::max_txn_ops should be the server's --max-txn-ops)");
+                    return Ok(None);
                 }
+                Err(e) => return Err(map(e)),
             }
         }
     }
@@ -213,6 +241,13 @@ fn read_any(resp: TxnResponse, n: usize) -> Result<MultiOutcome, Error> {
         return Err(short());
     }
     Ok(MultiOutcome::Held(busy))
+}
+
+/// Whether etcd refused a Txn for its size (checked before it is applied,
+/// so nothing of it was written).
+fn is_too_large(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.message().contains("too many operations") || s.message().contains("too large"))
 }
 
 /// The fence of a key put at `revision` with fence offset `offset`, as

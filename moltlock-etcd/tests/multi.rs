@@ -15,7 +15,7 @@ use moltlock_core::{
     RetryPolicy, Token,
 };
 use moltlock_etcd::{EtcdBackend, EtcdConfig};
-use moltlock_fixtures::etcd::{etcd, start_single};
+use moltlock_fixtures::etcd::{etcd, start_member, start_single, EtcdMember};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -401,6 +401,61 @@ async fn one_call_is_one_txn() -> TestResult {
     ] {
         let before = started(server.client_port)?;
         a.cas_multi(&ks[range.clone()], &t, TTL, mode).await?;
+        assert_eq!(
+            delta(&before, &started(server.client_port)?),
+            one_txn,
+            "{range:?} {mode:?}"
+        );
+    }
+    Ok(())
+}
+
+/// A private etcd whose `--max-txn-ops` is `ops`.
+fn start_limited(ops: usize) -> Result<EtcdMember, Box<dyn std::error::Error>> {
+    let (c, p) = (
+        std::net::TcpListener::bind("127.0.0.1:0")?,
+        std::net::TcpListener::bind("127.0.0.1:0")?,
+    );
+    let (client, peer) = (c.local_addr()?.port(), p.local_addr()?.port());
+    drop((c, p));
+    let cluster = format!("m0=http://127.0.0.1:{peer}");
+    let extra = ["--max-txn-ops".to_owned(), ops.to_string()];
+    Ok(start_member("m0", client, peer, &cluster, &extra)?)
+}
+
+/// A server with a lower `--max-txn-ops`: configured, a call stays one Txn
+/// within the lower limit; not configured, a refused Txn falls back to one
+/// cas per key, with the same outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lower_server_limit_is_configured_or_falls_back() -> TestResult {
+    let server = start_limited(16)?;
+    let endpoints = vec![server.endpoint()];
+    let (unaware, b) = (open(&endpoints).await?, open(&endpoints).await?);
+    let ks = keys(&base("limited"), 10)?;
+    let (t, other) = (Token::random(), Token::random());
+    let all = taken(&unaware.cas_multi(&ks, &t, TTL, MultiMode::All).await?);
+    assert_eq!(all.len(), 10);
+    for k in &ks {
+        unaware.delete(k, &t).await?;
+    }
+    for k in &ks[0..7] {
+        b.cas(k, None, &other, TTL).await?;
+    }
+    let any = taken(&unaware.cas_multi(&ks, &t, TTL, MultiMode::Any).await?);
+    assert_eq!(any.iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![7]);
+    unaware.delete(&ks[7], &t).await?;
+    for k in &ks[0..7] {
+        b.delete(k, &other).await?;
+    }
+    let aware = EtcdBackend::connect(EtcdConfig::new(endpoints).max_txn_ops(16)).await?;
+    assert_eq!(aware.batch_cas().ok_or("no CasMulti")?.max_keys(), 5);
+    aware.cas(&ks[9], None, &t, TTL).await?; // grants the session's lease
+    aware.delete(&ks[9], &t).await?;
+    let one_txn: BTreeMap<String, u64> = [("Txn".to_owned(), 1)].into();
+    for (range, mode, want) in [(5..10, MultiMode::All, 5), (3..8, MultiMode::Any, 1)] {
+        let before = started(server.client_port)?;
+        let got = taken(&aware.cas_multi(&ks[range.clone()], &t, TTL, mode).await?);
+        assert_eq!(got.len(), want, "{range:?} {mode:?}");
         assert_eq!(
             delta(&before, &started(server.client_port)?),
             one_txn,
