@@ -71,7 +71,8 @@ enum Command {
     /// Run a command while holding a lock (renewed automatically).
     ///
     /// The command sees MOLTLOCK_KEY and MOLTLOCK_FENCE (the fencing token:
-    /// pass it with its writes so a resource can refuse a stale holder).
+    /// pass it with its writes so a resource can refuse a stale holder);
+    /// with several --key, one pair per key (see --key).
     ///
     /// Besides one key (a mutex), a run can hold: one of N permits of a
     /// semaphore (--permits N: at most N such runs of the key at once), the

@@ -7,6 +7,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use moltlock_fixtures as fixtures;
+
 const BIN: &str = env!("CARGO_BIN_EXE_moltlock");
 
 fn moltlock(url: &str) -> Command {
@@ -117,6 +119,13 @@ fn count(rows: &[serde_json::Value], lock: &str, role: &str) -> usize {
         .count()
 }
 
+/// How many of `keys` the rows hold.
+fn held(rows: &[serde_json::Value], keys: &[&str]) -> usize {
+    rows.iter()
+        .filter(|r| keys.iter().any(|k| r["key"] == *k))
+        .count()
+}
+
 /// Removes a held store key, so its holder's next renewal is refused.
 fn steal(url: &str, k: &str) {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -133,13 +142,18 @@ fn steal(url: &str, k: &str) {
 #[test]
 fn permits_bound_how_many_run_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let (url, log) = (sqlite_url(dir.path()), dir.path().join("log"));
+    permits_bound(&sqlite_url(dir.path()));
+}
+
+fn permits_bound(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
     let k = key();
     let started = Instant::now();
     let children = (0..5)
         .map(|i| {
             let tag = format!("{i}:$MOLTLOCK_SLOT:$MOLTLOCK_FENCE");
-            spawn_section(&url, &["--key", &k, "--permits", "2"], &log, &tag, "0.4")
+            spawn_section(url, &["--key", &k, "--permits", "2"], &log, &tag, "0.4")
         })
         .collect();
     wait_all(children);
@@ -202,24 +216,29 @@ fn permits_busy_and_timeout() {
 #[test]
 fn shared_runs_overlap_and_exclusive_runs_alone() {
     let dir = tempfile::tempdir().unwrap();
-    let (url, log) = (sqlite_url(dir.path()), dir.path().join("log"));
+    shared_and_exclusive(&sqlite_url(dir.path()));
+}
+
+fn shared_and_exclusive(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
     let k = key();
     let shared = ["--key", &k, "--shared", "--readers", "4"];
     let exclusive = ["--key", &k, "--exclusive", "--readers", "4"];
     let mut children: Vec<Child> = (0..2)
-        .map(|i| spawn_section(&url, &shared, &log, &format!("r{i}:$MOLTLOCK_MODE"), "1"))
+        .map(|i| spawn_section(url, &shared, &log, &format!("r{i}:$MOLTLOCK_MODE"), "1"))
         .collect();
-    wait_rows(&url, |rows| count(rows, &k, "reader") == 2);
+    wait_rows(url, |rows| count(rows, &k, "reader") == 2);
     children.push(spawn_section(
-        &url,
+        url,
         &exclusive,
         &log,
         "w:$MOLTLOCK_MODE",
         "0.3",
     ));
-    wait_rows(&url, |rows| count(rows, &k, "writer") == 1);
+    wait_rows(url, |rows| count(rows, &k, "writer") == 1);
     children.push(spawn_section(
-        &url,
+        url,
         &shared,
         &log,
         "late:$MOLTLOCK_MODE",
@@ -248,7 +267,11 @@ fn shared_runs_overlap_and_exclusive_runs_alone() {
 #[test]
 fn multi_lock_excludes_runs_of_each_key() {
     let dir = tempfile::tempdir().unwrap();
-    let url = sqlite_url(dir.path());
+    multi_excludes(&sqlite_url(dir.path()));
+}
+
+fn multi_excludes(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
     let out_file = dir.path().join("env");
     let base = key();
     let (a, b) = (format!("{base}/a"), format!("{base}/b"));
@@ -257,13 +280,13 @@ fn multi_lock_excludes_runs_of_each_key() {
          > {}; sleep 1.5",
         out_file.display()
     );
-    let mut multi = moltlock(&url)
+    let mut multi = moltlock(url)
         .args(["run", "--key", &b, "--key", &a, "--", "sh", "-c", &script])
         .spawn()
         .unwrap();
-    wait_rows(&url, |rows| rows.len() == 2);
+    wait_rows(url, |rows| held(rows, &[&a, &b]) == 2);
     for k in [&a, &b] {
-        let single = moltlock(&url)
+        let single = moltlock(url)
             .args(["run", "--key", k, "--no-wait", "--", "true"])
             .output()
             .unwrap();
@@ -278,12 +301,12 @@ fn multi_lock_excludes_runs_of_each_key() {
         "{env}"
     );
 
-    let mut single = moltlock(&url)
+    let mut single = moltlock(url)
         .args(["run", "--key", &b, "--", "sleep", "1"])
         .spawn()
         .unwrap();
-    wait_rows(&url, |rows| rows.len() == 1);
-    let busy = moltlock(&url)
+    wait_rows(url, |rows| held(rows, &[&a, &b]) == 1);
+    let busy = moltlock(url)
         .args(["run", "--key", &a, "--key", &b, "--no-wait", "--", "true"])
         .output()
         .unwrap();
@@ -291,7 +314,7 @@ fn multi_lock_excludes_runs_of_each_key() {
     let err = String::from_utf8_lossy(&busy.stderr);
     assert!(err.contains(&format!("{b:?} is held by host ")), "{err}");
     assert!(single.wait().unwrap().success());
-    let after = moltlock(&url)
+    let after = moltlock(url)
         .args(["run", "--key", &a, "--key", &b, "--no-wait", "--", "true"])
         .output()
         .unwrap();
@@ -477,5 +500,18 @@ fn mode_usage_errors() {
         "MOLTLOCK_FENCE_<i>",
     ] {
         assert!(help.contains(word), "{word} missing from --help:\n{help}");
+    }
+}
+
+/// The three kinds on Redis and etcd, whose backends take a set of keys
+/// in one request.
+#[test]
+fn kinds_on_redis_and_etcd() {
+    let redis = fixtures::redis::redis().unwrap_or_else(|e| panic!("{e}"));
+    let etcd = fixtures::etcd::etcd().unwrap_or_else(|e| panic!("{e}"));
+    for url in [redis.url(), etcd.url()] {
+        permits_bound(&url);
+        shared_and_exclusive(&url);
+        multi_excludes(&url);
     }
 }
