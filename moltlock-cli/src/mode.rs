@@ -102,8 +102,7 @@ impl Mode {
                  or several --key",
             ));
         }
-        let mut first = keys.clone().into_iter();
-        let name = first.next().unwrap_or_default();
+        let name = keys.first().cloned().unwrap_or_default();
         Ok(match (args.permits, rw) {
             (Some(permits), _) => Self::Permit { name, permits },
             (None, true) => Self::Rw {

@@ -115,19 +115,7 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
         )));
     }
     let talk = args.verbose || std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let mut opts = LockOptions::new();
-    // `--timeout 0` is one attempt, as --no-wait, but reports a timeout.
-    let one_attempt = args.timeout == Some(Duration::ZERO);
-    let no_wait = args.no_wait || one_attempt;
-    if no_wait {
-        opts = opts.no_wait();
-    } else if let Some(t) = args.timeout {
-        opts = opts.timeout(t);
-    }
-    if args.fair {
-        opts = opts.fair();
-    }
-    opts = opts.description(describe_self(&args.command));
+    let (opts, no_wait, one_attempt) = lock_options(&args);
     let conflict = |default: u8| args.conflict_exit_code.unwrap_or(default);
     let acquired = tokio::select! {
         r = acquire(&manager, &mode, (opts, no_wait), talk) => r,
@@ -163,6 +151,30 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
         grace,
     };
     let code = run.supervise(&mut signals).await;
+    release(hold, &label).await;
+    Ok(code)
+}
+
+/// The acquisition's options, whether it makes one attempt only, and
+/// whether that attempt is `--timeout 0` (which reports a timeout).
+fn lock_options(args: &RunArgs) -> (LockOptions, bool, bool) {
+    let mut opts = LockOptions::new();
+    let one_attempt = args.timeout == Some(Duration::ZERO);
+    let no_wait = args.no_wait || one_attempt;
+    if no_wait {
+        opts = opts.no_wait();
+    } else if let Some(t) = args.timeout {
+        opts = opts.timeout(t);
+    }
+    if args.fair {
+        opts = opts.fair();
+    }
+    opts = opts.description(describe_self(&args.command));
+    (opts, no_wait, one_attempt)
+}
+
+/// Gives the hold back after the command.
+async fn release(hold: Hold, label: &str) {
     // A store that stopped answering must not keep `moltlock` from exiting:
     // the hold then lives until its TTL.
     match tokio::time::timeout(RELEASE_WAIT, hold.release()).await {
@@ -177,7 +189,6 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
             duration::format(RELEASE_WAIT)
         ),
     }
-    Ok(code)
 }
 
 /// Acquires, and (when `talk`) says once who holds the lock if the wait
