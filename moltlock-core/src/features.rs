@@ -137,4 +137,13 @@ pub trait CasMulti: Send + Sync {
     fn max_keys(&self) -> usize {
         usize::MAX
     }
+
+    /// Whether one call takes `keys` atomically (Redis Cluster: only keys
+    /// of one hash slot, as the keys derived from one name are). The
+    /// manager takes other sets one `cas` at a time. A backend must take
+    /// the keys derived from one name together.
+    fn takes_together(&self, keys: &[LockKey]) -> bool {
+        let _ = keys;
+        true
+    }
 }

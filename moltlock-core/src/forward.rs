@@ -399,7 +399,8 @@ pub trait BackendExt: Backend {
 
     /// [`CasMulti::cas_multi`], or one `cas` per key
     /// ([`cas_each`](crate::extension::cas_each)) where the backend has no
-    /// batch or the list is longer than its batch takes.
+    /// batch, the list is longer than its batch takes, or the batch cannot
+    /// take these keys together.
     async fn cas_multi(
         &self,
         keys: &[LockKey],
@@ -408,7 +409,7 @@ pub trait BackendExt: Backend {
         mode: MultiMode,
     ) -> Result<MultiOutcome, Error> {
         match self.batch_cas() {
-            Some(batch) if keys.len() <= batch.max_keys() => {
+            Some(batch) if keys.len() <= batch.max_keys() && batch.takes_together(keys) => {
                 batch.cas_multi(keys, token, ttl, mode).await
             }
             _ => crate::batch::cas_each(self, keys, token, ttl, mode).await,

@@ -154,4 +154,9 @@ impl CasMulti for RedisBackend {
         self.saw_clock(sent_at, reply.1);
         multi_outcome(reply, keys.len())
     }
+
+    /// One server: any keys. Cluster: keys of one hash tag only.
+    fn takes_together(&self, keys: &[LockKey]) -> bool {
+        self.one_script(keys)
+    }
 }

@@ -11,6 +11,14 @@ fn keys(case: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{base}/{i}")).collect()
 }
 
+/// `n` keys derived from one name (as a primitive's are), which every
+/// backend with `cas_multi` must take together.
+fn derived(case: &str, n: usize) -> Vec<String> {
+    let base = key(case);
+    let mark = moltlock_core::RESERVED_MARK;
+    (0..n).map(|i| format!("{base}{mark}m{i}")).collect()
+}
+
 fn lock_keys(names: &[String]) -> Result<Vec<LockKey>, String> {
     names.iter().map(|k| k.parse().map_err(err)).collect()
 }
@@ -231,7 +239,7 @@ pub async fn lock_all_lost_fires_when_any_key_is_lost(f: Factory) -> CaseResult 
 /// that key's earlier ones.
 pub async fn cas_multi_all_takes_nothing_when_one_is_held(f: Factory) -> CaseResult {
     let b = f.open().await?;
-    let names = keys("casm-all", 3);
+    let names = derived("casm-all", 3);
     let ks = lock_keys(&names)?;
     let mut before = Vec::new();
     for k in &names {
@@ -289,7 +297,7 @@ pub async fn cas_multi_all_takes_nothing_when_one_is_held(f: Factory) -> CaseRes
 /// no part of an All set is ever visible.
 pub async fn cas_multi_all_is_never_seen_partial(f: Factory) -> CaseResult {
     let b = f.open().await?;
-    let names = keys("casm-partial", 3);
+    let names = derived("casm-partial", 3);
     let ks = lock_keys(&names)?;
     let (blocker, _) = raw_acquire(&f.open().await?, &names[2], LONG).await?;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -337,7 +345,7 @@ pub async fn cas_multi_all_is_never_seen_partial(f: Factory) -> CaseResult {
 /// reports every key.
 pub async fn cas_multi_any_takes_the_first_free(f: Factory) -> CaseResult {
     let b = f.open().await?;
-    let free = lock_keys(&keys("casm-any-free", 3))?;
+    let free = lock_keys(&derived("casm-any-free", 3))?;
     let first = Token::random();
     let out = b
         .cas_multi(&free, &first, LONG, MultiMode::Any)
@@ -354,7 +362,7 @@ pub async fn cas_multi_any_takes_the_first_free(f: Factory) -> CaseResult {
         );
     }
     b.delete(&free[0], &first).await.map_err(err)?;
-    let names = keys("casm-any", 3);
+    let names = derived("casm-any", 3);
     let ks = lock_keys(&names)?;
     let other = f.open().await?;
     // A handle of its own, so no longer hold shares a lease with it.

@@ -137,6 +137,10 @@ impl CasMulti for Delay {
     fn max_keys(&self) -> usize {
         self.inner.batch_cas().map_or(usize::MAX, |b| b.max_keys())
     }
+
+    fn takes_together(&self, keys: &[LockKey]) -> bool {
+        self.inner.batch_cas().is_some_and(|b| b.takes_together(keys))
+    }
 }
 
 #[async_trait]
