@@ -384,7 +384,14 @@ async fn names_itself_and_hands_out_its_extensions() {
     assert_eq!(b.name(), "postgres");
     assert_eq!(
         moltlock_core::extension::extensions(&b),
-        ["watch", "inspect", "renew_many", "describe", "raise_fence"],
+        [
+            "watch",
+            "inspect",
+            "renew_many",
+            "describe",
+            "raise_fence",
+            "cas_multi"
+        ],
         "Postgres has no fair queue"
     );
 }
