@@ -286,6 +286,10 @@ impl<D: Dialect> CasMulti for SqlBackend<D> {
         };
         self.run(D::acquire_many(&self.inner, m)).await
     }
+
+    fn max_keys(&self) -> usize {
+        D::MAX_BATCH
+    }
 }
 
 /// # Cancel safety

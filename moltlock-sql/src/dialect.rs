@@ -91,6 +91,8 @@ pub trait Ops: Sized + Send + Sync + 'static {
     const REPORTS_CLOCK: bool;
     /// Whether released rows stay until a sweep deletes them.
     const SWEEPS: bool;
+    /// The most keys one batch acquisition takes (`CasMulti::max_keys`).
+    const MAX_BATCH: usize = usize::MAX;
     /// How long opening may be retried while the database is busy.
     const OPEN_RETRY: Option<Duration> = None;
 

@@ -92,6 +92,9 @@ impl Ops for MySql {
     const NAME: &'static str = "mysql";
     const REPORTS_CLOCK: bool = false;
     const SWEEPS: bool = true;
+    /// The read of a refused `Any` batch's holders names every key once,
+    /// well within MySQL's 65,535 parameters.
+    const MAX_BATCH: usize = 10_000;
 
     /// Refuses `expiry=observed`: MySQL judges expiry by the server clock.
     fn new(cfg: &SqlConfig) -> Result<Self, Error> {

@@ -4,8 +4,9 @@
 //! Every write is one statement, which SQLite runs as a transaction of its
 //! own that takes the write lock before it reads anything (so no write works
 //! on a stale snapshot); a batch of renewals shares one `BEGIN IMMEDIATE`
-//! transaction, and so does a batch acquisition (`CasMulti`). WAL journaling and a busy timeout. Expiry is judged by SQLite's own
-//! clock (`julianday('now')`), which every process on the machine shares.
+//! transaction, and so does a batch acquisition (`CasMulti`). WAL
+//! journaling and a busy timeout. Expiry is judged by SQLite's own clock
+//! (`julianday('now')`), which every process on the machine shares.
 //! Fences come from a one-row counter table that a trigger advances in the
 //! same statement as the acquisition, and are at least the clock in µs, so
 //! they stay above fences whose commits an OS crash lost (`synchronous` is
