@@ -127,3 +127,59 @@ async fn lock_timeout_returns_timeout_error() {
     assert!(took >= Duration::from_millis(290), "early: {took:?}");
     assert!(took < Duration::from_secs(3), "late: {took:?}");
 }
+
+/// Keys with the reserved mark are refused everywhere a caller names a
+/// key, so no caller's lock can be a semaphore slot or a read-write lock's
+/// part; a primitive's name must leave room for its derived keys.
+#[tokio::test]
+async fn reserved_mark_and_derived_room_are_checked() {
+    let m = manager();
+    let reserved = format!("jobs{}s0", moltlock_core::RESERVED_MARK);
+    assert!(invalid_key(m.try_lock(&reserved).await));
+    assert!(matches!(
+        m.semaphore(&reserved, 2),
+        Err(Error::InvalidKey { .. })
+    ));
+    assert!(matches!(
+        m.rw_lock(&reserved, moltlock_core::RwOptions::new()),
+        Err(Error::InvalidKey { .. })
+    ));
+    let multi = m
+        .try_lock_all(["a", reserved.as_str()], LockOptions::new())
+        .await;
+    assert!(matches!(multi, Err(Error::InvalidKey { .. })), "{multi:?}");
+    let room = MAX_KEY_LEN - moltlock_core::DERIVED_ROOM;
+    assert!(m.semaphore("n".repeat(room + 1), 2).is_err());
+    let sem = m.semaphore("n".repeat(room), 2).unwrap();
+    let permit = sem.try_acquire().await.unwrap().unwrap();
+    assert!(permit.key().as_str().len() <= MAX_KEY_LEN);
+    assert!(matches!(m.semaphore("s", 0), Err(Error::Config(_))));
+    assert!(matches!(
+        m.semaphore("s", moltlock_core::MAX_PERMITS + 1),
+        Err(Error::Config(_))
+    ));
+    let empty: [&str; 0] = [];
+    assert!(matches!(
+        m.try_lock_all(empty, LockOptions::new()).await,
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        sem.acquire_with(LockOptions::new().fair()).await,
+        Err(Error::Config(_))
+    ));
+}
+
+/// The same key named twice in a multi-lock is one key; the guard lists
+/// keys in bytewise order whatever order they were named in.
+#[tokio::test]
+async fn multi_lock_dedupes_and_sorts() {
+    let m = manager();
+    let g = m
+        .try_lock_all(["b", "a", "b", "c"], LockOptions::new())
+        .await
+        .unwrap()
+        .unwrap();
+    let keys: Vec<&str> = g.keys().iter().map(|k| k.as_str()).collect();
+    assert_eq!(keys, ["a", "b", "c"]);
+    g.release().await.unwrap();
+}

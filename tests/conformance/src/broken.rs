@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 mod features;
 mod flaw;
+mod multi;
 
 pub use flaw::Flaw;
 
@@ -235,6 +236,8 @@ impl Flawed {
             (Some(_), Some(e)) if renewal => {
                 let until = if self.has(Flaw::RenewalAddsTtl) {
                     e.expires_at + ttl
+                } else if self.has(Flaw::RenewalIgnored) {
+                    e.expires_at
                 } else {
                     self.expiry(now, ttl)
                 };

@@ -17,8 +17,11 @@ mod expiry;
 mod fair;
 mod fences;
 mod lost;
+mod multi;
 mod optional;
 mod ownership;
+mod rwlock;
+mod semaphore;
 
 pub use cancel::*;
 pub use exclusion::*;
@@ -26,8 +29,11 @@ pub use expiry::*;
 pub use fair::*;
 pub use fences::*;
 pub use lost::*;
+pub use multi::*;
 pub use optional::*;
 pub use ownership::*;
+pub use rwlock::*;
+pub use semaphore::*;
 
 /// One [`Case`]: its function, its contract point, and the group of the
 /// case list it is in (`always`, or the extension it needs).
@@ -38,6 +44,7 @@ macro_rules! case {
     (@need fair_queue) => { Some(Need::FairQueue) };
     (@need raise_fence) => { Some(Need::RaiseFence) };
     (@need describe) => { Some(Need::Describe) };
+    (@need cas_multi) => { Some(Need::CasMulti) };
     ($name:ident, $point:literal, $group:ident) => {
         Case {
             name: stringify!($name),
@@ -98,6 +105,20 @@ macro_rules! __cases {
                 cancelled_acquires_leave_no_orphan: "6 cancellation",
                 dropped_guard_releases_key: "6 cancellation",
                 longest_allowed_key_and_unicode_work: "8 input limits",
+                semaphore_never_over_admits: "9 semaphores",
+                semaphore_permit_of_dead_holder_returns: "9 semaphores, 3 expiry",
+                semaphore_renewal_keeps_permits: "9 semaphores, 3 expiry",
+                semaphore_cancelled_acquire_leaves_no_permit: "9 semaphores, 6 cancellation",
+                semaphore_fences_rise_per_slot: "9 semaphores, 5 fencing",
+                rw_readers_share_and_writer_excludes: "10 read-write locks, 5 fencing",
+                rw_writer_is_not_starved: "10 read-write locks",
+                rw_dead_reader_frees_only_its_slot: "10 read-write locks, 3 expiry",
+                rw_cancelled_writer_leaves_nothing: "10 read-write locks, 6 cancellation",
+                lock_all_is_all_or_nothing: "11 multi-locks",
+                lock_all_in_any_order_never_deadlocks: "11 multi-locks, 1 mutual exclusion",
+                lock_all_timeout_is_cumulative: "11 multi-locks, 3 expiry",
+                lock_all_cancel_leaves_nothing: "11 multi-locks, 6 cancellation",
+                lock_all_lost_fires_when_any_key_is_lost: "11 multi-locks, 4 lost signals",
             ],
             watch: [
                 release_wakes_waiter_quickly: "waiting",
@@ -108,6 +129,7 @@ macro_rules! __cases {
                 inspect_reports_holder: "inspect",
                 inspect_and_list_are_exact: "inspect",
                 inspect_hides_expired_holds: "inspect, 3 expiry",
+                semaphore_limit_mismatch_is_reported: "9 semaphores, inspect",
             ],
             fair_queue: [
                 fair_queue_serves_in_arrival_order: "fair queue",
@@ -122,6 +144,11 @@ macro_rules! __cases {
             ],
             describe: [
                 descriptions_belong_to_their_hold: "2 owner checks",
+            ],
+            cas_multi: [
+                cas_multi_all_takes_nothing_when_one_is_held: "11 multi-locks, cas_multi",
+                cas_multi_all_is_never_seen_partial: "11 multi-locks, cas_multi",
+                cas_multi_any_takes_the_first_free: "9 semaphores, cas_multi, 3 expiry",
             ],
         }
     };

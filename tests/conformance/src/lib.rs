@@ -152,16 +152,19 @@ pub enum Need {
     RaiseFence,
     /// Holder descriptions ([`Backend::describer`]).
     Describe,
+    /// Taking several keys in one request ([`Backend::batch_cas`]).
+    CasMulti,
 }
 
 impl Need {
     /// Every optional capability.
-    pub const ALL: [Need; 5] = [
+    pub const ALL: [Need; 6] = [
         Need::Watch,
         Need::Inspect,
         Need::FairQueue,
         Need::RaiseFence,
         Need::Describe,
+        Need::CasMulti,
     ];
 
     /// The name used in `conformance_tests!(…, without: [...])`, which is
@@ -173,6 +176,7 @@ impl Need {
             Need::FairQueue => "fair_queue",
             Need::RaiseFence => "raise_fence",
             Need::Describe => "describe",
+            Need::CasMulti => "cas_multi",
         }
     }
 
@@ -184,6 +188,7 @@ impl Need {
             Need::FairQueue => backend.fair_queue().is_some(),
             Need::RaiseFence => backend.fence_raiser().is_some(),
             Need::Describe => backend.describer().is_some(),
+            Need::CasMulti => backend.batch_cas().is_some(),
         }
     }
 
@@ -195,6 +200,7 @@ impl Need {
             Need::FairQueue => "the backend declares no fair queue",
             Need::RaiseFence => "the backend declares no raise_fence",
             Need::Describe => "the backend declares no holder descriptions",
+            Need::CasMulti => "the backend declares no cas_multi",
         }
     }
 }
@@ -386,10 +392,11 @@ macro_rules! conformance_tests {
     (@known fair_queue) => {};
     (@known raise_fence) => {};
     (@known describe) => {};
+    (@known cas_multi) => {};
     (@known $other:ident) => {
         compile_error!(concat!(
             "conformance_tests!: unknown capability `", stringify!($other),
-            "`; the optional ones are watch, inspect, fair_queue, raise_fence and describe"
+            "`; the optional ones are watch, inspect, fair_queue, raise_fence, describe and cas_multi"
         ));
     };
     (@gate $f:expr; watch; [$($w:ident)*]; $names:tt) => {
@@ -417,6 +424,11 @@ macro_rules! conformance_tests {
             { @ignored $f; "the backend declares no holder descriptions"; $names };
             { @run $f; $names });
     };
+    (@gate $f:expr; cas_multi; [$($w:ident)*]; $names:tt) => {
+        $crate::conformance_tests!(@find cas_multi; [$($w)*];
+            { @ignored $f; "the backend declares no cas_multi"; $names };
+            { @run $f; $names });
+    };
     (@find watch; [watch $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
         $crate::conformance_tests!($($yes)*);
     };
@@ -430,6 +442,9 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!($($yes)*);
     };
     (@find describe; [describe $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
+        $crate::conformance_tests!($($yes)*);
+    };
+    (@find cas_multi; [cas_multi $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
         $crate::conformance_tests!($($yes)*);
     };
     (@find $cap:ident; [$other:ident $($r:ident)*]; $yes:tt; $no:tt) => {

@@ -28,7 +28,7 @@ mod migrating_both {
         })
     }
 
-    moltlock_conformance::conformance_tests!(both(), without: [fair_queue]);
+    moltlock_conformance::conformance_tests!(both(), without: [fair_queue, cas_multi]);
 }
 
 /// Holds taken at scattered times are renewed together: once the first is

@@ -27,11 +27,23 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
             "release_with_foreign_token_changes_nothing",
             "double_release_reports_not_held",
         ],
-        Flaw::ReadThenWrite => &["mutual_exclusion_under_contention"],
-        Flaw::IgnoresTtl => &["key_expires_after_ttl", "fractional_ttls_are_honoured"],
+        Flaw::ReadThenWrite => &[
+            "mutual_exclusion_under_contention",
+            "semaphore_never_over_admits",
+            "rw_readers_share_and_writer_excludes",
+            "lock_all_in_any_order_never_deadlocks",
+        ],
+        Flaw::IgnoresTtl => &[
+            "key_expires_after_ttl",
+            "fractional_ttls_are_honoured",
+            "semaphore_permit_of_dead_holder_returns",
+            "rw_dead_reader_frees_only_its_slot",
+            "lock_all_timeout_is_cumulative",
+        ],
         Flaw::RepeatingFence => &[
             "fences_increase_across_release",
             "hand_over_gives_a_fresh_fence",
+            "semaphore_fences_rise_per_slot",
         ],
         Flaw::RenewsForeignToken => &["renew_with_foreign_token_changes_nothing"],
         Flaw::ExpiredTakeoverReadThenWrite => &["expired_key_race_has_one_winner"],
@@ -54,11 +66,17 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
         Flaw::FenceDrawnBeforeConflict => &["fences_rise_under_contention"],
         Flaw::BatchAnswersFirstForAll => &["renew_many_answers_per_item"],
         Flaw::BatchUsesFirstTtl => &["renew_many_uses_each_items_ttl"],
-        Flaw::BatchRecreatesDeleted => &["renew_many_answers_per_item"],
+        Flaw::BatchRecreatesDeleted => &[
+            "renew_many_answers_per_item",
+            "lock_all_lost_fires_when_any_key_is_lost",
+        ],
         Flaw::WatchSubscribesLazily => &["watch_subscribes_before_it_returns"],
         Flaw::WatchFiresOnce => &["watch_fires_for_every_release"],
         Flaw::InspectReportsFullTtl => &["inspect_and_list_are_exact"],
-        Flaw::InspectShowsExpired => &["inspect_hides_expired_holds"],
+        Flaw::InspectShowsExpired => &[
+            "inspect_hides_expired_holds",
+            "semaphore_limit_mismatch_is_reported",
+        ],
         Flaw::ListIgnoresPrefix => &["inspect_and_list_are_exact"],
         Flaw::ListPrefixAsPattern => &["inspect_and_list_are_exact"],
         Flaw::InspectReportsLatestFence => &["inspect_and_list_are_exact"],
@@ -74,7 +92,26 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
         Flaw::HeldEchoesCaller => &["held_reply_names_the_real_holder"],
         Flaw::DescribeIgnoresOwner => &["descriptions_belong_to_their_hold"],
         Flaw::DescriptionOutlivesHold => &["descriptions_belong_to_their_hold"],
-        Flaw::LateLandingAfterCancel => &["cancelled_acquires_leave_no_orphan"],
+        Flaw::LateLandingAfterCancel => &[
+            "cancelled_acquires_leave_no_orphan",
+            "semaphore_cancelled_acquire_leaves_no_permit",
+            "lock_all_cancel_leaves_nothing",
+        ],
+        Flaw::RenewalIgnored => &[
+            "renewal_keeps_lock_past_several_ttls",
+            "semaphore_renewal_keeps_permits",
+            "rw_writer_is_not_starved",
+        ],
+        Flaw::DeleteMissesKey => &[
+            "dropped_guard_releases_key",
+            "rw_cancelled_writer_leaves_nothing",
+        ],
+        Flaw::MultiLeavesPartial => &[
+            "cas_multi_all_takes_nothing_when_one_is_held",
+            "lock_all_is_all_or_nothing",
+        ],
+        Flaw::MultiTakesInTurn => &["cas_multi_all_is_never_seen_partial"],
+        Flaw::MultiAnyTakesSeveral => &["cas_multi_any_takes_the_first_free"],
     }
 }
 
@@ -161,6 +198,11 @@ catches! {
     catches_description_by_a_stranger: DescribeIgnoresOwner,
     catches_description_outliving_its_hold: DescriptionOutlivesHold,
     catches_request_landing_after_cancel: LateLandingAfterCancel,
+    catches_renewal_that_keeps_the_old_expiry: RenewalIgnored,
+    catches_delete_that_misses_the_key: DeleteMissesKey,
+    catches_cas_multi_leaving_a_partial_set: MultiLeavesPartial,
+    catches_cas_multi_taking_keys_in_turn: MultiTakesInTurn,
+    catches_cas_multi_any_taking_several: MultiAnyTakesSeveral,
 }
 
 /// Runs the whole suite, six cases at once, and panics naming each case
@@ -227,7 +269,14 @@ async fn missing_capabilities_skip_their_cases() {
 
 #[tokio::test]
 async fn stamping_must_match_declared_capabilities() {
-    let all = ["watch", "inspect", "fair_queue", "raise_fence", "describe"];
+    let all = [
+        "watch",
+        "inspect",
+        "fair_queue",
+        "raise_fence",
+        "describe",
+        "cas_multi",
+    ];
     assert_eq!(check_stamping(bare(), &all).await, Ok(()));
     let err = check_stamping(bare(), &["inspect"]).await.unwrap_err();
     assert!(err.contains("fair_queue"), "{err}");
@@ -243,7 +292,7 @@ async fn stamping_must_match_declared_capabilities() {
 mod bare_backend {
     moltlock_conformance::conformance_tests!(
         super::bare(),
-        without: [watch, inspect, fair_queue, raise_fence, describe]
+        without: [watch, inspect, fair_queue, raise_fence, describe, cas_multi]
     );
 }
 

@@ -36,7 +36,7 @@ fn wrapped(inner: &Arc<dyn Backend>) -> Vec<(&'static str, Box<dyn Backend>)> {
 #[test]
 fn wrappers_expose_exactly_the_extensions_they_wrap() {
     let names: Vec<Vec<&str>> = inners().iter().map(|b| extensions(&**b)).collect();
-    assert_eq!(names[0].len(), 6, "the flawed store has every extension");
+    assert_eq!(names[0].len(), 7, "the flawed store has every extension");
     assert!(names[2].is_empty(), "the bare store has none");
     for inner in inners() {
         let want = extensions(&*inner);
@@ -68,6 +68,10 @@ fn migration_in_a_single_phase_is_the_deciding_store() {
             assert!(
                 !both.contains(&"fair_queue"),
                 "two queues have no one order"
+            );
+            assert!(
+                !both.contains(&"cas_multi"),
+                "in both phases each key is taken on both stores, one cas at a time"
             );
             assert!(both.contains(&"raise_fence"));
         }

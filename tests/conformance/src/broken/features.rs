@@ -99,7 +99,10 @@ impl Backend for Flawed {
 
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
         let now = Instant::now();
-        let nk = self.norm(key.as_str());
+        let mut nk = self.norm(key.as_str());
+        if self.has(Flaw::DeleteMissesKey) {
+            nk.push('/');
+        }
         let removed = {
             let mut st = self.store();
             let ours = st.entries.get(&nk).is_some_and(|e| {
@@ -119,6 +122,10 @@ impl Backend for Flawed {
     }
 
     moltlock_core::hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence, FairQueue);
+
+    fn batch_cas(&self) -> Option<&dyn moltlock_core::CasMulti> {
+        self.flaw.in_cas_multi().then_some(self as _)
+    }
 }
 
 #[async_trait]

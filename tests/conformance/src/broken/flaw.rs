@@ -96,9 +96,36 @@ pub enum Flaw {
     /// re-sends queued requests after the caller is gone), past the few
     /// seconds the manager keeps cleaning up after a cancelled acquisition.
     LateLandingAfterCancel,
+    /// Renewal answers yes but leaves the old expiry: holds die one TTL
+    /// after they were taken.
+    RenewalIgnored,
+    /// `delete` looks the key up under another name than `cas` files it
+    /// under: it never finds a hold, so nothing is ever released.
+    DeleteMissesKey,
+    /// `cas_multi(All)` takes keys until it meets a held one, and leaves
+    /// what it took.
+    MultiLeavesPartial,
+    /// `cas_multi(All)` takes one key at a time, pausing in between, and
+    /// gives them back when it meets a held one: others see a part of the
+    /// set held meanwhile.
+    MultiTakesInTurn,
+    /// `cas_multi(Any)` takes every free key, not only the first.
+    MultiAnyTakesSeveral,
 }
 
 impl Flaw {
+    /// Whether the flaw is one of `cas_multi`'s (a store with another flaw
+    /// has no `cas_multi`, so multi-key cases go through its flawed `cas`).
+    pub fn in_cas_multi(self) -> bool {
+        matches!(
+            self,
+            Flaw::None
+                | Flaw::MultiLeavesPartial
+                | Flaw::MultiTakesInTurn
+                | Flaw::MultiAnyTakesSeveral
+        )
+    }
+
     /// Every flaw but [`Flaw::None`].
     pub const ALL: &'static [Flaw] = &[
         Flaw::UnconditionalDelete,
@@ -141,5 +168,10 @@ impl Flaw {
         Flaw::DescribeIgnoresOwner,
         Flaw::DescriptionOutlivesHold,
         Flaw::LateLandingAfterCancel,
+        Flaw::RenewalIgnored,
+        Flaw::DeleteMissesKey,
+        Flaw::MultiLeavesPartial,
+        Flaw::MultiTakesInTurn,
+        Flaw::MultiAnyTakesSeveral,
     ];
 }

@@ -298,3 +298,21 @@ pub(super) type FenceLog = (Option<Fence>, u64, Option<String>);
 
 /// A long TTL for holds that must not expire during a case.
 pub(super) const LONG: Duration = Duration::from_secs(10);
+
+/// Once a request cancelled at `last_cancel` can no longer land (the
+/// backend's late-write bound, and a second more), every key must be free:
+/// a late landing must not leave a hold nobody owns.
+pub(super) async fn free_after_late_writes(
+    b: &Arc<dyn Backend>,
+    keys: &[String],
+    last_cancel: Instant,
+) -> CaseResult {
+    tokio::time::sleep_until(last_cancel + b.limits().late_write + Duration::from_secs(1)).await;
+    for k in keys {
+        ensure!(
+            is_free(b, k, LONG).await?,
+            "a cancelled acquisition landed late on {k} and left a hold nobody owns"
+        );
+    }
+    Ok(Outcome::Passed)
+}
