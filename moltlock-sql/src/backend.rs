@@ -250,6 +250,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     hand_out!(Inspect, RenewMany, Describe, RaiseFence, CasMulti);
 }
 
+/// A batch of one key is that key's single acquisition. Otherwise
 /// Postgres: one statement for the whole batch. SQLite: one `BEGIN
 /// IMMEDIATE` transaction of single acquisitions. MySQL: `All` in one
 /// transaction of single acquisitions in key order, `Any` one autocommit
@@ -284,7 +285,14 @@ impl<D: Dialect> CasMulti for SqlBackend<D> {
             ttl,
             mode,
         };
-        self.run(D::acquire_many(&self.inner, m)).await
+        match keys {
+            // All or any of one key is that key: the single acquisition.
+            [key] => {
+                let one = self.run(D::acquire(&self.inner, m.write(key))).await?;
+                Ok(multi::of_one(one))
+            }
+            _ => self.run(D::acquire_many(&self.inner, m)).await,
+        }
     }
 
     fn max_keys(&self) -> usize {

@@ -28,6 +28,14 @@ pub(crate) fn empty(mode: MultiMode) -> MultiOutcome {
     }
 }
 
+/// The outcome of a batch of one key, from that key's single acquisition.
+pub(crate) fn of_one(outcome: CasOutcome) -> MultiOutcome {
+    match outcome {
+        CasOutcome::Acquired { fence } => MultiOutcome::Acquired(vec![(0, fence)]),
+        CasOutcome::Held(held) => MultiOutcome::Held(vec![(0, held)]),
+    }
+}
+
 /// The indexes of `keys` in the order a batch writes them: for `All`,
 /// sorted by key, so two batches over common keys lock their rows in one
 /// order and cannot deadlock; for `Any`, the order given, which decides

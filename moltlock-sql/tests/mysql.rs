@@ -15,7 +15,7 @@ fn mysql() -> moltlock_conformance::Factory {
     })
 }
 
-moltlock_conformance::conformance_tests!(mysql(), without: [watch, fair_queue, cas_multi]);
+moltlock_conformance::conformance_tests!(mysql(), without: [watch, fair_queue]);
 
 #[tokio::test]
 async fn table_names_are_validated() {

@@ -14,7 +14,7 @@ fn pg() -> moltlock_conformance::Factory {
     })
 }
 
-moltlock_conformance::conformance_tests!(pg(), without: [fair_queue, cas_multi]);
+moltlock_conformance::conformance_tests!(pg(), without: [fair_queue]);
 
 fn shared() -> String {
     postgres::shared_url().unwrap_or_else(|e| panic!("{e}"))

@@ -13,7 +13,7 @@ fn sqlite() -> moltlock_conformance::Factory {
     })
 }
 
-moltlock_conformance::conformance_tests!(sqlite(), without: [watch, fair_queue, cas_multi]);
+moltlock_conformance::conformance_tests!(sqlite(), without: [watch, fair_queue]);
 
 #[tokio::test]
 async fn table_names_are_validated() {

@@ -2,17 +2,23 @@
 //! one statement each, sharing the upsert that writes a hold and the
 //! reading of what a refused attempt saw.
 //!
-//! The batch statement locks the rows of its keys (`FOR UPDATE`, in key
-//! order, so two batches cannot deadlock on them), judges each by the
-//! statement's `now()` (or the observed expiry) as the single acquisition
-//! does, and writes every key through the same upsert, so each fence is
-//! `max(the key's last fence + 1, nextval)`: above every earlier fence of
-//! the key and any raised minimum. `All` writes only when no key is busy;
-//! `Any` writes the first free key in the order given. A key with no row
-//! has nothing to lock: should another session insert it between the
-//! statement's snapshot and its write, the upsert skips it, and an `All`
-//! batch then fails its own statement on purpose (so nothing it wrote
-//! stays) and runs again, seeing the new hold.
+//! The batch statement judges each key by the statement's `now()` (or the
+//! observed expiry) as the single acquisition does, and writes every key
+//! through the same upsert, so each fence is `max(the key's last fence + 1,
+//! nextval)`: above every earlier fence of the key and any raised minimum.
+//!
+//! `All` locks the rows of its keys first (`FOR UPDATE`, in key order, so
+//! two batches cannot deadlock on them) and writes, in key order, only when
+//! no key is busy. A key with no row has nothing to lock: should another
+//! session insert it between the statement's snapshot and its write, the
+//! upsert skips it, and the statement then fails on purpose (so nothing it
+//! wrote stays) and runs again, seeing the new hold.
+//!
+//! `Any` locks nothing beforehand: it writes the first key its snapshot
+//! shows free, and the upsert's own test on the row's latest version
+//! refuses it if another session took it meanwhile; it then runs again
+//! (so contenders for a semaphore's slots spread over the free ones
+//! instead of waiting on each other's row locks).
 
 use moltlock_core::{CasOutcome, Error, Held, MultiMode, MultiOutcome, Token};
 use sqlx::postgres::PgRow;
@@ -24,8 +30,8 @@ use crate::convert::{fence, left_ms, millis};
 use crate::dialect::{DbResult, Multi, Ops, Shared, Write};
 use crate::multi::Tally;
 
-/// How often an `All` batch runs again when keys it found free were taken
-/// under it.
+/// How often a batch runs again when keys it found free were taken under
+/// it.
 const ATTEMPTS: usize = 5;
 /// What an `All` statement fails with when it could not write every key.
 const RACED: &str = "moltlock: a key of the batch was taken meanwhile: ";
@@ -76,12 +82,14 @@ pub(super) fn batch(t: &str, seq: &str, observed: bool) -> (String, String) {
             "NULL::bigint",
         ),
     };
-    let head = format!(
-        "WITH k AS ({k}), \
-         cur AS (SELECT l.key, l.owner, l.expires_at, l.version, l.ttl_ms FROM {t} l \
-         WHERE l.key = ANY($1::text[]) ORDER BY l.key FOR UPDATE), \
-         busy AS ({busy})"
-    );
+    let head = |lock: &str| {
+        format!(
+            "WITH k AS ({k}), \
+             cur AS (SELECT l.key, l.owner, l.expires_at, l.version, l.ttl_ms FROM {t} l \
+             WHERE l.key = ANY($1::text[]) {lock}), \
+             busy AS ({busy})"
+        )
+    };
     let row = |from: &str| {
         format!("SELECT {from}, $2::text, nextval('{seq}'), now() + {ms}, now(), 1, $3::bigint")
     };
@@ -92,20 +100,22 @@ pub(super) fn batch(t: &str, seq: &str, observed: bool) -> (String, String) {
         row("k.key")
     );
     let all = format!(
-        "{head}, ins AS ({} {returning}) \
+        "{}, ins AS ({} {returning}) \
          SELECT k.i, CASE WHEN (SELECT count(*) FROM ins) = (SELECT count(*) FROM k) \
          THEN ins.fence ELSE ('{RACED}' || ins.key)::bigint END, \
          NULL::text, NULL::bigint, {granted_clock} FROM ins JOIN k USING (key) \
          UNION ALL {busy_rows}",
+        head("ORDER BY l.key FOR UPDATE"),
         upsert(t, &all_source, take_if)
     );
     let any = format!(
-        "{head}, pick AS (SELECT k.key FROM k \
+        "{}, pick AS (SELECT k.key FROM k \
          WHERE NOT EXISTS (SELECT 1 FROM busy WHERE busy.key = k.key) ORDER BY k.i LIMIT 1), \
          ins AS ({} {returning}) \
          SELECT k.i, ins.fence, NULL::text, NULL::bigint, {granted_clock} \
          FROM ins JOIN k USING (key) \
          UNION ALL {busy_rows} WHERE NOT EXISTS (SELECT 1 FROM ins)",
+        head(""),
         upsert(t, &format!("{} FROM pick p", row("p.key")), take_if)
     );
     (all, any)
@@ -194,11 +204,11 @@ fn unseen(db: &Shared<Pg>, w: Write<'_>) -> CasOutcome {
     CasOutcome::Held(Held::default())
 }
 
-/// One statement for the whole batch; an `All` that lost a race for a key
-/// with no row runs again (see the module docs).
+/// One statement for the whole batch, run again while it loses a race
+/// for a key (see the module docs).
 pub(super) async fn acquire_many(db: &Shared<Pg>, m: Multi<'_>) -> DbResult<MultiOutcome> {
-    for _ in 0..ATTEMPTS {
-        if let Some(outcome) = attempt(db, m).await? {
+    for n in 1..=ATTEMPTS {
+        if let Some(outcome) = attempt(db, m, n == ATTEMPTS).await? {
             return Ok(outcome);
         }
     }
@@ -210,8 +220,9 @@ pub(super) async fn acquire_many(db: &Shared<Pg>, m: Multi<'_>) -> DbResult<Mult
     .into())
 }
 
-/// One run of the batch statement; `None` when an `All` must run again.
-async fn attempt(db: &Shared<Pg>, m: Multi<'_>) -> DbResult<Option<MultiOutcome>> {
+/// One run of the batch statement; `None` when it lost a race and must
+/// run again (an `Any` reports its last run as it is).
+async fn attempt(db: &Shared<Pg>, m: Multi<'_>, last: bool) -> DbResult<Option<MultiOutcome>> {
     let keys: Vec<&str> = m.keys.iter().map(|k| k.as_str()).collect();
     let sql = &db.dialect.sql;
     let statement = match m.mode {
@@ -236,38 +247,32 @@ async fn attempt(db: &Shared<Pg>, m: Multi<'_>) -> DbResult<Option<MultiOutcome>
     for row in &rows {
         let i: i64 = row.try_get(0)?;
         let i = usize::try_from(i - 1).unwrap_or(usize::MAX);
-        if let Some(key) = m.keys.get(i) {
-            found.push((i, judge(db, m.write(key), sent_at, Found::read(row, 1)?)));
+        if i < m.keys.len() {
+            found.push((i, Found::read(row, 1)?));
         }
     }
-    Ok(tally(db, m, found))
-}
-
-/// The batch's outcome from the keys the statement reported on; `None`
-/// for an `All` that reported none (its free keys were taken under it).
-fn tally(
-    db: &Shared<Pg>,
-    m: Multi<'_>,
-    mut found: Vec<(usize, CasOutcome)>,
-) -> Option<MultiOutcome> {
-    if m.mode == MultiMode::All && found.is_empty() {
-        return None;
-    }
-    if m.mode == MultiMode::Any
-        && !found
-            .iter()
-            .any(|(_, o)| matches!(o, CasOutcome::Acquired { .. }))
-    {
-        // Every key is reported busy; one with no holder seen lost a race.
-        for (i, key) in m.keys.iter().enumerate() {
-            if !found.iter().any(|(j, _)| *j == i) {
-                found.push((i, unseen(db, m.write(key))));
-            }
+    let raced = match m.mode {
+        // Free keys were taken under it: no key reported at all.
+        MultiMode::All => found.is_empty(),
+        // The key it picked was taken under it: nothing taken, and a key
+        // reported neither taken nor busy.
+        MultiMode::Any => {
+            found.len() < m.keys.len() && found.iter().all(|(_, f)| f.fence.is_none())
         }
+    };
+    if raced && (m.mode == MultiMode::All || !last) {
+        return Ok(None);
     }
     let mut t = Tally::new(m.mode);
-    for (i, outcome) in found {
-        t.add(i, outcome);
+    for (i, key) in m.keys.iter().enumerate() {
+        let w = m.write(key);
+        match found.iter().position(|(j, _)| *j == i) {
+            Some(at) => t.add(i, judge(db, w, sent_at, found.swap_remove(at).1)),
+            // Every key of an `Any` is reported; one no holder was seen of
+            // lost a race.
+            None if m.mode == MultiMode::Any && raced => t.add(i, unseen(db, w)),
+            None => false,
+        };
     }
-    Some(t.finish())
+    Ok(Some(t.finish()))
 }
