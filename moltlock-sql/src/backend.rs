@@ -251,7 +251,8 @@ impl<D: Dialect> Backend for SqlBackend<D> {
 }
 
 /// A batch of one key is that key's single acquisition. Otherwise
-/// Postgres: one statement for the whole batch. SQLite: one `BEGIN
+/// Postgres: one statement for the whole batch (run again when another
+/// session took a key under it). SQLite: one `BEGIN
 /// IMMEDIATE` transaction of single acquisitions. MySQL: `All` in one
 /// transaction of single acquisitions in key order, `Any` one autocommit
 /// acquisition per key until one lands. Each key is judged exactly as

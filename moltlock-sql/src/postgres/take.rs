@@ -73,8 +73,10 @@ pub(super) fn batch(t: &str, seq: &str, observed: bool) -> (String, String) {
                  WHERE NOT COALESCE(c.owner = '' OR (c.owner = k.holder AND c.version = k.version), false)"
             .to_owned(),
     };
-    // A row the statement locked and found free stays as it found it; in
-    // the observed-expiry mode, one it did not lock is not taken over.
+    // Store clock: the row's latest version must have expired, as for the
+    // single acquisition. Observed expiry: the row must be the version the
+    // statement judged free (an `All` locked it; an `Any` refuses a row
+    // changed since its snapshot).
     let (take_if, granted_clock) = match observed {
         false => ("l.expires_at <= now()", NOW_US),
         true => (
