@@ -261,9 +261,9 @@ impl<D: Dialect> Backend for SqlBackend<D> {
 ///
 /// # Cancel safety
 /// Postgres: one statement, done or not. SQLite: the transaction runs to
-/// its end on a task of its own. MySQL: a dropped `All` rolls back unless
-/// its commit was sent; a dropped `Any` may have taken one key. As the
-/// contract allows, whatever landed is owned by `token`.
+/// its end on a task of its own. MySQL: an `All` transaction, too, runs to
+/// its end on a task of its own; a dropped `Any` may have taken one key. As
+/// the contract allows, whatever landed is owned by `token`.
 #[async_trait]
 impl<D: Dialect> CasMulti for SqlBackend<D> {
     async fn cas_multi(
