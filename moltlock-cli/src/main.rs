@@ -2,13 +2,19 @@
 //! check a store against the lock contract.
 
 mod conformance;
+mod derived;
+mod describe;
 mod duration;
 mod exit;
 mod group;
+mod hold;
+mod mode;
 mod paint;
 mod run;
 mod status;
 mod store;
+mod supervise;
+mod table;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -37,6 +43,10 @@ unless --pass-url.
 
 Examples:
   moltlock run --key nightly-report -- ./report.sh
+  moltlock run --key render --permits 4 -- ./render.sh   # at most 4 at once
+  moltlock run --key db --shared -- ./read.sh     # beside other --shared runs
+  moltlock run --key db --exclusive -- ./migrate.sh     # alone among them
+  moltlock run --key db --key cache -- ./rebuild.sh   # both keys at once
   moltlock --url redis://127.0.0.1:6379/ run --key deploy --no-wait -- make deploy
   moltlock --url postgres://app@db/locks run --key backup --timeout 5m -- pg_dump app
   moltlock status --prefix jobs/ --json
@@ -61,7 +71,15 @@ enum Command {
     /// Run a command while holding a lock (renewed automatically).
     ///
     /// The command sees MOLTLOCK_KEY and MOLTLOCK_FENCE (the fencing token:
-    /// pass it with its writes so a resource can refuse a stale holder).
+    /// pass it with its writes so a resource can refuse a stale holder);
+    /// with several --key, one pair per key (see --key).
+    ///
+    /// Besides one key (a mutex), a run can hold: one of N permits of a
+    /// semaphore (--permits N: at most N such runs of the key at once), the
+    /// shared or exclusive side of a read-write lock (--shared, --exclusive,
+    /// as flock -s and -x), or several keys at once (--key given more than
+    /// once). Each is its own kind of lock in the store: runs of one key
+    /// exclude each other only when they use the same kind (and the same N).
     Run(run::RunArgs),
     /// Show current holders, their fences and time left.
     Status(status::StatusArgs),

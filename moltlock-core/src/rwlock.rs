@@ -9,7 +9,28 @@ use crate::manager::LockManager;
 use crate::options::LockOptions;
 use crate::sets::{granted, within, Attempt};
 use crate::slots::SlotSet;
-use crate::{Error, LockKey, MultiMode, DERIVED_ROOM};
+use crate::{Error, Held, LockKey, MultiMode, Token, DERIVED_ROOM};
+
+/// How a reader's pass through the writer key is told from a writer's
+/// hold: its token starts with this (and goes on with a random token).
+const PASS_PREFIX: &str = "moltlock-read-pass-";
+
+/// What a reader found at the writer key.
+enum Pass {
+    /// The reader holds the writer key for its pass.
+    Held(LockGuard),
+    /// Another reader's pass holds it: no writer does.
+    Reader,
+    /// A writer holds it (or the store does not say who): wait.
+    Writer(Held),
+}
+
+/// Whether a busy answer names a reader's pass as the holder.
+fn is_pass(held: &Held) -> bool {
+    held.holder
+        .as_ref()
+        .is_some_and(|t| t.as_str().starts_with(PASS_PREFIX))
+}
 
 /// The shape of a read-write lock.
 #[derive(Clone, Copy, Debug)]
@@ -42,8 +63,12 @@ impl RwOptions {
 ///
 /// Built from ordinary holds: a writer key (`name#~w`) and N reader slots
 /// (`name#~r0` …). A reader passes through the writer key (holds it for
-/// one round trip), takes one free slot, and lets the writer key go. A
-/// writer holds the writer key, then every slot. So:
+/// one round trip, under a token marked as a reader's pass), takes one free
+/// slot, and lets the writer key go; a reader that finds another reader's
+/// pass there (no writer holds it) goes straight to a slot, so readers do
+/// not queue behind each other's passes (where the backend names the holder
+/// of a busy key, as every built-in one does). A writer holds the writer
+/// key, then every slot. So:
 /// - a writer excludes every reader: it holds every slot a reader needs;
 /// - writer preference: once a writer holds the writer key, new readers
 ///   wait at it, and the readers inside drain; a writer waits at most for
@@ -137,16 +162,32 @@ impl RwLock {
 
     async fn read_loop(&self, ttl: Duration, no_wait: bool) -> Result<Option<ReadGuard>, Error> {
         let mut watches = Vec::new();
+        let mut gate = Vec::new();
         let mut checked = false;
         let mut attempt = 0u32;
         loop {
-            let Some(pass) = self.pass(ttl, no_wait).await? else {
-                return Ok(None);
+            let pass = match self.pass(ttl).await? {
+                Pass::Held(guard) => Some(guard),
+                Pass::Reader => None,
+                Pass::Writer(_) if no_wait => return Ok(None),
+                Pass::Writer(held) => {
+                    if gate.is_empty() {
+                        gate = self
+                            .mgr
+                            .open_watches(std::slice::from_ref(&self.writer))
+                            .await;
+                    }
+                    self.mgr.pause_set(&mut gate, &[(0, held)], attempt).await;
+                    attempt = attempt.saturating_add(1);
+                    continue;
+                }
             };
             let keys = self.readers.rotated();
             let tried = self.mgr.attempt_set(&keys, MultiMode::Any, ttl).await;
-            if let Err(e) = pass.release().await {
-                tracing::debug!(name = %self.name(), error = %e, "the writer key's pass was not given back");
+            if let Some(pass) = pass {
+                if let Err(e) = pass.release().await {
+                    tracing::debug!(name = %self.name(), error = %e, "the writer key's pass was not given back");
+                }
             }
             let busy = match tried? {
                 Attempt::Got(mut guards) => match guards.pop() {
@@ -171,9 +212,29 @@ impl RwLock {
         }
     }
 
-    /// Holds the writer key for a reader's pass; `None` with `no_wait`
-    /// while a writer holds it.
-    async fn pass(&self, ttl: Duration, no_wait: bool) -> Result<Option<LockGuard>, Error> {
+    /// One attempt at the writer key for a reader's pass: held now, held
+    /// by another reader's pass (no writer holds it, so go on to a slot),
+    /// or held by a writer (wait).
+    async fn pass(&self, ttl: Duration) -> Result<Pass, Error> {
+        let token = Token::from_stored(format!("{PASS_PREFIX}{}", Token::random()));
+        let key = std::slice::from_ref(&self.writer);
+        let tried = self.mgr.attempt_as(key, MultiMode::All, ttl, token).await?;
+        Ok(match tried {
+            Attempt::Got(mut guards) => match guards.pop() {
+                Some(g) => Pass::Held(g),
+                None => Pass::Writer(Held::default()),
+            },
+            Attempt::Busy(mut busy) => match busy.pop() {
+                Some((_, held)) if is_pass(&held) => Pass::Reader,
+                Some((_, held)) => Pass::Writer(held),
+                None => Pass::Writer(Held::default()),
+            },
+        })
+    }
+
+    /// Holds the writer key for a writer; `None` with `no_wait` while
+    /// another holds it.
+    async fn claim(&self, ttl: Duration, no_wait: bool) -> Result<Option<LockGuard>, Error> {
         let key = std::slice::from_ref(&self.writer);
         let got = self
             .mgr
@@ -184,11 +245,7 @@ impl RwLock {
 
     /// Busy answers of an attempt on `keys` (rotated), indexed by slot
     /// number as the watches are.
-    fn by_slot(
-        &self,
-        keys: &[LockKey],
-        busy: Vec<(usize, crate::Held)>,
-    ) -> Vec<(usize, crate::Held)> {
+    fn by_slot(&self, keys: &[LockKey], busy: Vec<(usize, Held)>) -> Vec<(usize, Held)> {
         let slot = |i: usize| {
             let key = keys.get(i)?;
             usize::try_from(self.readers.slot_of(key.as_str())?).ok()
@@ -249,7 +306,7 @@ impl RwLock {
     }
 
     async fn write_once(&self, ttl: Duration, no_wait: bool) -> Result<Option<WriteGuard>, Error> {
-        let Some(writer) = self.pass(ttl, no_wait).await? else {
+        let Some(writer) = self.claim(ttl, no_wait).await? else {
             return Ok(None);
         };
         let slots = self.readers.keys();

@@ -84,8 +84,18 @@ impl LockManager {
         mode: MultiMode,
         ttl: Duration,
     ) -> Result<Attempt, Error> {
+        self.attempt_as(keys, mode, ttl, Token::random()).await
+    }
+
+    /// As [`attempt_set`](Self::attempt_set), under the fresh `token` given.
+    pub(crate) async fn attempt_as(
+        &self,
+        keys: &[LockKey],
+        mode: MultiMode,
+        ttl: Duration,
+        token: Token,
+    ) -> Result<Attempt, Error> {
         let inner = self.inner();
-        let token = Token::random();
         let mut pending: Vec<PendingAcquire> = keys
             .iter()
             .map(|k| PendingAcquire::new(inner.clone(), k, &token))

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use etcd_client::Client;
 use moltlock_core::{
-    async_trait, hand_out, Backend, CasOutcome, Describe, Error, FairQueue, Fence, HolderInfo,
-    Inspect, Limits, LockKey, RaiseFence, ReleaseWatch, RenewItem, RenewMany, Token, Watch,
+    async_trait, hand_out, Backend, CasMulti, CasOutcome, Describe, Error, FairQueue, Fence,
+    HolderInfo, Inspect, Limits, LockKey, MultiMode, MultiOutcome, RaiseFence, ReleaseWatch,
+    RenewItem, RenewMany, Token, Watch,
 };
 use tokio::time::Instant;
 
@@ -189,7 +190,7 @@ impl Backend for EtcdBackend {
         self.core.session.bound(ttl, sent_at)
     }
 
-    hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence, FairQueue);
+    hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence, FairQueue, CasMulti);
 }
 
 #[async_trait]
@@ -276,5 +277,47 @@ impl FairQueue for EtcdBackend {
     /// owner-checked delete removes it.
     async fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Fence, Error> {
         crate::fair::acquire(&self.core, key, token, ttl).await
+    }
+}
+
+#[async_trait]
+impl CasMulti for EtcdBackend {
+    /// One Txn. `All`: `Txn(if create_revision(k) == 0 for every k then
+    /// [put(k, token, lease), get(offset of k), delete(description of k)]
+    /// for every k else get(k) for every k)`; every key's fence is the
+    /// Txn's revision plus its own fence offset, as `cas` gives, and `Held`
+    /// lists every key found held, with its holder and the revision seen.
+    /// `Any`: a chain of nested Txns, one level per key, each taking its
+    /// key if free and otherwise reading it and going on to the next
+    /// level, so the first free key is taken; `Held` lists every key.
+    /// Either way one request (plus, as for `cas`, a lease grant or
+    /// keep-alive when the session's lease needs one, and the retries of
+    /// unconfirmed releases). Should etcd refuse the Txn as too large (its
+    /// `--max-txn-ops` below [`EtcdConfig::max_txn_ops`]), the call takes
+    /// the keys one `cas` at a time instead, as the manager does past
+    /// [`max_keys`](CasMulti::max_keys).
+    ///
+    /// # Cancel safety
+    /// As `cas`: a dropped call may still land (every key, or the one
+    /// key), on the session lease, until the manager's owner-checked
+    /// deletes remove them.
+    async fn cas_multi(
+        &self,
+        keys: &[LockKey],
+        token: &Token,
+        ttl: Duration,
+        mode: MultiMode,
+    ) -> Result<MultiOutcome, Error> {
+        match self.core.cas_multi(keys, token, ttl, mode).await? {
+            Some(outcome) => Ok(outcome),
+            None => moltlock_core::extension::cas_each(self, keys, token, ttl, mode).await,
+        }
+    }
+
+    /// The most keys whose operations fit one Txn: a third of
+    /// [`EtcdConfig::max_txn_ops`] (42 of etcd's default 128), and at most
+    /// 42 (the deepest nested answer the client decodes).
+    fn max_keys(&self) -> usize {
+        self.core.max_keys()
     }
 }

@@ -17,6 +17,10 @@ pub const DEFAULT_PREFIX: &str = "/moltlock/";
 /// election timeout 1 s): it answers a shorter grant with this TTL.
 pub const MIN_SESSION_TTL: Duration = Duration::from_secs(2);
 
+/// etcd's default `--max-txn-ops`: the most operations in one list
+/// (compares, success or failure) of a Txn.
+pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+
 /// PEM data, given inline or read from a file when connecting.
 #[derive(Clone)]
 pub enum Pem {
@@ -88,6 +92,7 @@ pub struct EtcdConfig {
     pub(crate) tls: Option<TlsSettings>,
     pub(crate) connect_timeout: Duration,
     pub(crate) request_timeout: Duration,
+    pub(crate) max_txn_ops: usize,
 }
 
 impl Default for EtcdConfig {
@@ -111,6 +116,7 @@ impl EtcdConfig {
             tls: None,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
+            max_txn_ops: DEFAULT_MAX_TXN_OPS,
         }
     }
 
@@ -180,6 +186,16 @@ impl EtcdConfig {
     /// How long each request may take (default 5 s).
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
+        self
+    }
+
+    /// The server's `--max-txn-ops` (default 128, etcd's default): the
+    /// most operations per list of one Txn. Multi-key acquisitions take 3
+    /// per key, so one Txn takes at most a third as many keys (and at most
+    /// 42, the depth of nested answers the client decodes); longer lists
+    /// fall back to one acquisition per key.
+    pub fn max_txn_ops(mut self, ops: usize) -> Self {
+        self.max_txn_ops = ops;
         self
     }
 

@@ -1,7 +1,8 @@
 //! The core of one backend instance: everything its operations share. The
 //! operations themselves live in files named for their jobs: `holds.rs`
 //! (acquire, renew, hand over, release, describe, raise the fence),
-//! `renew.rs` (batch renewal), `inspect.rs` (reading holds) and `fair.rs`
+//! `renew.rs` (batch renewal), `multi.rs` (several keys in one Txn),
+//! `inspect.rs` (reading holds) and `fair.rs`
 //! (the fair queue); `backend.rs` only hands them out as a
 //! [`Backend`](moltlock_core::Backend).
 
@@ -39,6 +40,8 @@ pub(crate) struct Core {
     pub(crate) pending: Pending,
     /// The tokens this session's confirmed writes left on each key.
     pub(crate) written: Written,
+    /// The server's most operations per list of one Txn.
+    pub(crate) max_txn_ops: usize,
 }
 
 impl Core {
@@ -77,6 +80,7 @@ impl Core {
             wakeups: Arc::new(AtomicU64::new(0)),
             pending: Pending::default(),
             written: Written::default(),
+            max_txn_ops: config.max_txn_ops,
         }
     }
 }

@@ -68,6 +68,14 @@
 //!   revisions survive restarts with the data directory; restoring an older
 //!   snapshot or wiping the data breaks the order).
 //! - **Release**: `Txn(if value(key) == token then delete(key))`.
+//! - **Several keys** ([`CasMulti`](moltlock_core::CasMulti), under
+//!   `lock_all`, semaphores and read-write locks): one Txn per call. `All`
+//!   compares every key absent and puts every key on the session lease in
+//!   its success branch (else reads every key, to report the holders);
+//!   `Any` is a chain of nested Txns, one level per key, so etcd takes the
+//!   first absent key. Fences are what single acquisitions give. At most
+//!   a third of [`EtcdConfig::max_txn_ops`] keys per call, and at most 42;
+//!   longer lists take one key at a time.
 //! - **Waiting**: a watch on the key from the revision right after the
 //!   failed attempt, so no release is missed; a compacted start revision
 //!   gives a spurious wake-up.
@@ -96,6 +104,7 @@ mod fair;
 mod holds;
 mod inspect;
 mod keys;
+mod multi;
 mod pending;
 mod renew;
 mod session;
@@ -105,4 +114,6 @@ mod watch;
 mod written;
 
 pub use backend::EtcdBackend;
-pub use config::{EtcdConfig, Pem, TlsSettings, DEFAULT_PREFIX, MIN_SESSION_TTL};
+pub use config::{
+    EtcdConfig, Pem, TlsSettings, DEFAULT_MAX_TXN_OPS, DEFAULT_PREFIX, MIN_SESSION_TTL,
+};

@@ -58,9 +58,24 @@ impl Drop for DropProbe {
 
 impl Delay {
     async fn around<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        self.counting(call, |_| false).await
+    }
+
+    /// As [`around`](Self::around), counting a drop during the `after`
+    /// pause when `landed` says the store granted a hold.
+    async fn counting<T>(
+        &self,
+        call: impl std::future::Future<Output = T>,
+        landed: impl Fn(&T) -> bool,
+    ) -> T {
         tokio::time::sleep(self.before).await;
         let out = call.await;
+        let mut probe = DropProbe {
+            armed: landed(&out),
+            count: self.landed_then_dropped.clone(),
+        };
         tokio::time::sleep(self.after).await;
+        probe.armed = false;
         out
     }
 }
@@ -80,15 +95,12 @@ impl Forward for Delay {
         new: &Token,
         ttl: Duration,
     ) -> Result<CasOutcome, Error> {
-        tokio::time::sleep(self.before).await;
-        let out = self.inner.cas(key, expected, new, ttl).await;
-        let mut probe = DropProbe {
-            armed: expected.is_none() && matches!(out, Ok(CasOutcome::Acquired { .. })),
-            count: self.landed_then_dropped.clone(),
-        };
-        tokio::time::sleep(self.after).await;
-        probe.armed = false;
-        out
+        let call = self.inner.cas(key, expected, new, ttl);
+        let fresh = expected.is_none();
+        self.counting(call, |out| {
+            fresh && matches!(out, Ok(CasOutcome::Acquired { .. }))
+        })
+        .await
     }
 
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
@@ -117,15 +129,9 @@ impl CasMulti for Delay {
         ttl: Duration,
         mode: MultiMode,
     ) -> Result<MultiOutcome, Error> {
-        tokio::time::sleep(self.before).await;
-        let out = self.inner.cas_multi(keys, token, ttl, mode).await;
-        let mut probe = DropProbe {
-            armed: matches!(out, Ok(MultiOutcome::Acquired(_))),
-            count: self.landed_then_dropped.clone(),
-        };
-        tokio::time::sleep(self.after).await;
-        probe.armed = false;
-        out
+        let call = self.inner.cas_multi(keys, token, ttl, mode);
+        self.counting(call, |out| matches!(out, Ok(MultiOutcome::Acquired(_))))
+            .await
     }
 
     fn max_keys(&self) -> usize {
