@@ -305,5 +305,5 @@ impl Backend for RedisBackend {
         LIMITS
     }
 
-    hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence);
+    hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence, CasMulti);
 }

@@ -135,6 +135,9 @@ impl Inspect for RedisBackend {
             let Ok(key) = LockKey::new(key) else {
                 continue;
             };
+            if !key.as_str().starts_with(prefix) {
+                continue;
+            }
             if let Some(info) = self.inspect(&key).await? {
                 out.push(info);
             }

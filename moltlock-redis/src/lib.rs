@@ -21,8 +21,12 @@
 //! A lock key `k` lives at `<prefix>{k}` (the owner token, with a `PX`
 //! expiry) and its fence at `<prefix>{k}:fence`; `%` and `}` inside `k` are
 //! written `%25` and `%7D`. The braces are a Cluster hash tag, so every
-//! script touches one slot. The default prefix is `moltlock:`. Keys are 1 to
-//! 256 bytes (core's limit); TTLs 10 ms to one week.
+//! single-key script touches one slot. A key of a semaphore or read-write
+//! lock (`name#~s3`, `name#~w`) lives at `<prefix>{name}#~s3` (`:` after
+//! the tag written `%3A`): every key of one primitive shares its name's
+//! hash tag, so its slot. `list` returns such keys whole (`name#~s3`). The
+//! default prefix is `moltlock:`. Keys are 1 to 256 bytes (core's limit);
+//! TTLs 10 ms to one week.
 //!
 //! # Operations
 //!
@@ -36,6 +40,13 @@
 //!   flushed (`NOSCRIPT`);
 //! - `renew_many` renews all holds of a manager in one pipelined round trip
 //!   (in Cluster mode: one script per hold, all in flight at once);
+//! - `cas_multi` (all of several keys, or the first free one) is one script,
+//!   one round trip, judging each key as the acquire script does; in
+//!   Cluster mode keys that do not share one hash tag are taken one `cas` at
+//!   a time, as no script can span slots (an `All` reads every key first and
+//!   refuses without writing when one is held; still, such a call is not
+//!   atomic: a key taken elsewhere between the read and its `cas` leaves the
+//!   keys before it held until they are given back);
 //! - waiting: one pub/sub connection per backend (`PSUBSCRIBE <prefix>{*`)
 //!   shared by all waiters, reconnecting by itself; while it is down the
 //!   manager polls by its retry policy.
@@ -114,6 +125,7 @@ mod conn;
 mod error;
 mod features;
 mod keys;
+mod multi;
 mod pubsub;
 mod scripts;
 

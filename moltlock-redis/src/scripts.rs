@@ -1,6 +1,7 @@
 //! The Lua scripts. Each runs atomically on the server and touches only the
-//! keys of one lock (one hash tag, so one Cluster slot). None reads and then
-//! writes across round trips.
+//! keys of one lock (one hash tag, so one Cluster slot), except
+//! [`ACQUIRE_MULTI`], whose keys share one hash tag in Cluster mode. None
+//! reads and then writes across round trips.
 //!
 //! Scripts are sent as `EVALSHA`; when the server's script cache was flushed
 //! (`NOSCRIPT`, e.g. after a restart) the same call is repeated as `EVAL`
@@ -10,67 +11,130 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisResult};
 
-/// Advances the fence of `KEYS[2]` to `max(stored + 1, TIME in µs)` and
-/// leaves its text in the local `text`. The fence key is kept forever when
-/// the local `keep` is 0, else for `max(keep, ttl)` ms. Lua numbers are
-/// doubles: exact up to 2^53 µs (year 2255).
-/// The server's `TIME` in µs, in the local `clock`, for the reply.
-const CLOCK: &str = r"
+/// What the take scripts share, after their `ttl`, `keep` (fence retention
+/// ms, 0: forever) and `q` (restart quarantine ms, 0: off) locals:
+///
+/// - `clock`: the server's `TIME` in µs (the clock that judges `PX`
+///   expiry), for the reply;
+/// - `advance(fence)`: advances the fence key to `max(stored + 1, clock)`
+///   and returns its text. The fence key is kept forever when `keep` is 0,
+///   else for `max(keep, ttl)` ms. Lua numbers are doubles: exact up to
+///   2^53 µs (year 2255);
+/// - `take(lock, fence, info, token)`: makes `token` hold `lock` for `ttl`
+///   with a fresh fence (returned) and no description;
+/// - `quarantined()`: the ms left of the restart quarantine, 0 when it has
+///   passed. While the server has been up for less than the quarantine, a
+///   free key is not granted and is reported held (no holder) until the
+///   quarantine has passed. A restart without persistence loses every
+///   hold, and the old holders may still believe they hold; after the
+///   quarantine (at least their TTL) their deadlines have passed. It costs
+///   one wait per server start, not one per key. `uptime_in_seconds` is the
+///   difference of two whole-second clock readings, so it may run up to a
+///   second ahead of the true uptime: one second is taken off, and the wait
+///   errs on the long side.
+const TAKE: &str = r"
 local now_t = redis.call('TIME')
 local clock = tonumber(now_t[1]) * 1000000 + tonumber(now_t[2])
-";
-
-const ADVANCE_FENCE: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local fence = (tonumber(redis.call('GET', KEYS[2])) or 0) + 1
-if now > fence then fence = now end
-local text = string.format('%.0f', fence)
-if keep > 0 then
-  redis.call('SET', KEYS[2], text, 'PX', math.max(keep, ttl))
-else
-  redis.call('SET', KEYS[2], text)
+local function advance(fence_key)
+  local fence = (tonumber(redis.call('GET', fence_key)) or 0) + 1
+  if clock > fence then fence = clock end
+  local text = string.format('%.0f', fence)
+  if keep > 0 then
+    redis.call('SET', fence_key, text, 'PX', math.max(keep, ttl))
+  else
+    redis.call('SET', fence_key, text)
+  end
+  return text
+end
+local function take(lock, fence_key, info, token)
+  local text = advance(fence_key)
+  redis.call('SET', lock, token, 'PX', ttl)
+  redis.call('DEL', info)
+  return text
+end
+local function quarantined()
+  if q <= 0 then
+    return 0
+  end
+  local info = redis.call('INFO', 'server')
+  local up = ((tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0) - 1) * 1000
+  if up < q then
+    return q - up
+  end
+  return 0
 end
 ";
 
 /// `KEYS`: lock, fence, info. `ARGV`: token, ttl ms, fence retention ms (0:
 /// forever), restart quarantine ms (0: off). Takes a free key (SET NX PX in
-/// effect) and advances the fence; or reports the holder and its PTTL.
-///
-/// The restart quarantine: while the server has been up for less than the
-/// quarantine, a free key is not granted and is reported held (no holder)
-/// until the quarantine has passed. A restart without persistence loses
-/// every hold, and the old holders may still believe they hold; after the
-/// quarantine (at least their TTL) their deadlines have passed. It costs
-/// one wait per server start, not one per key. `uptime_in_seconds` is the
-/// difference of two whole-second clock readings, so it may run up to a
-/// second ahead of the true uptime: one second is taken off, and the wait
-/// errs on the long side.
+/// effect) and advances the fence; or reports the holder and its PTTL, or
+/// (no holder) the rest of the restart quarantine (see [`TAKE`]).
 ///
 /// Reply: `{1, fence, 0, clock}` or `{0, holder or false, pttl, clock}`,
 /// `clock` the server's `TIME` in µs (the clock that judges `PX` expiry).
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(format!(
+    Lua::compose(&[
         r"
 local ttl, keep, q = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-{CLOCK}
+",
+        TAKE,
+        r"
 local cur = redis.call('GET', KEYS[1])
 if cur then
-  return {{0, cur, redis.call('PTTL', KEYS[1]), clock}}
+  return {0, cur, redis.call('PTTL', KEYS[1]), clock}
 end
-if q > 0 then
-  local info = redis.call('INFO', 'server')
-  local up = ((tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0) - 1) * 1000
-  if up < q then
-    return {{0, false, q - up, clock}}
+local left = quarantined()
+if left > 0 then
+  return {0, false, left, clock}
+end
+return {1, take(KEYS[1], KEYS[2], KEYS[3], ARGV[1]), 0, clock}
+",
+    ])
+});
+
+/// `KEYS`: lock, fence, info for each key in turn. `ARGV`: token, ttl ms,
+/// fence retention ms (0: forever), restart quarantine ms (0: off), `all`
+/// or `any`. Each key is judged as [`ACQUIRE`] judges it. `all`: takes
+/// every key if all are free, else nothing. `any`: takes the first free
+/// key in order.
+///
+/// Reply: `{1, clock, {{index, fence, 0}, ...}}` for the keys taken, or
+/// `{0, clock, {{index, holder or false, pttl}, ...}}` for the busy keys
+/// (every busy key; for `any`, every key), indexes from 0.
+pub(crate) static ACQUIRE_MULTI: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::compose(&[
+        r"
+local ttl, keep, q = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local all = ARGV[5] == 'all'
+",
+        TAKE,
+        r"
+local left
+local busy = {}
+for i = 1, #KEYS, 3 do
+  local n = (i - 1) / 3
+  local cur = redis.call('GET', KEYS[i])
+  if cur then
+    busy[#busy + 1] = {n, cur, redis.call('PTTL', KEYS[i])}
+  else
+    left = left or quarantined()
+    if left > 0 then
+      busy[#busy + 1] = {n, false, left}
+    elseif not all then
+      return {1, clock, {{n, take(KEYS[i], KEYS[i + 1], KEYS[i + 2], ARGV[1]), 0}}}
+    end
   end
 end
-{ADVANCE_FENCE}
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
-redis.call('DEL', KEYS[3])
-return {{1, text, 0, clock}}
-"
-    ))
+if #busy > 0 or not all then
+  return {0, clock, busy}
+end
+local taken = {}
+for i = 1, #KEYS, 3 do
+  taken[#taken + 1] = {(i - 1) / 3, take(KEYS[i], KEYS[i + 1], KEYS[i + 2], ARGV[1]), 0}
+end
+return {1, clock, taken}
+",
+    ])
 });
 
 /// `KEYS`: lock, fence, info. `ARGV`: expected, new, ttl ms, fence
@@ -85,13 +149,15 @@ return {{1, text, 0, clock}}
 /// the server has not lost it; the restart quarantine has nothing to guard
 /// there (and no quarantine key can coexist with a lock key).
 pub(crate) static SWAP: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(format!(
+    Lua::compose(&[
         r"
-local ttl, keep = tonumber(ARGV[3]), tonumber(ARGV[4])
-{CLOCK}
+local ttl, keep, q = tonumber(ARGV[3]), tonumber(ARGV[4]), 0
+",
+        TAKE,
+        r"
 local cur = redis.call('GET', KEYS[1])
 if cur ~= ARGV[1] then
-  return {{0, cur, redis.call('PTTL', KEYS[1]), clock}}
+  return {0, cur, redis.call('PTTL', KEYS[1]), clock}
 end
 if ARGV[2] == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ttl)
@@ -99,14 +165,11 @@ if ARGV[2] == ARGV[1] then
   if keep > 0 then
     redis.call('PEXPIRE', KEYS[2], math.max(keep, ttl))
   end
-  return {{1, redis.call('GET', KEYS[2]) or '0', 0, clock}}
+  return {1, redis.call('GET', KEYS[2]) or '0', 0, clock}
 end
-{ADVANCE_FENCE}
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
-redis.call('DEL', KEYS[3])
-return {{1, text, 0, clock}}
-"
-    ))
+return {1, take(KEYS[1], KEYS[2], KEYS[3], ARGV[2]), 0, clock}
+",
+    ])
 });
 
 /// `KEYS`: lock, info. `ARGV`: token, channel. Compare-and-DEL (the
@@ -184,6 +247,11 @@ pub(crate) struct Lua {
 }
 
 impl Lua {
+    /// The script made of `parts`, in order.
+    fn compose(parts: &[&str]) -> Self {
+        Self::new(parts.concat())
+    }
+
     fn new(source: String) -> Self {
         let hash = redis::Script::new(&source).get_hash().to_owned();
         Self { source, hash }

@@ -1,6 +1,8 @@
 //! The whole conformance suite against a local three-primary Redis Cluster
 //! (started per case by the fixture), plus cluster-specific checks.
 
+mod common;
+
 use moltlock_core::BackendExt;
 use std::time::Duration;
 
@@ -16,7 +18,7 @@ fn cluster_store() -> moltlock_conformance::Factory {
 
 mod conformance_on_cluster {
     use super::cluster_store;
-    moltlock_conformance::conformance_tests!(cluster_store(), without: [fair_queue, cas_multi]);
+    moltlock_conformance::conformance_tests!(cluster_store(), without: [fair_queue]);
 }
 
 /// Keys spread over all three primaries; batch renewal, list and wake-ups
@@ -42,5 +44,44 @@ async fn locks_across_slots() -> Result<(), Box<dyn std::error::Error>> {
     let manager = LockManager::new(backend);
     let g = manager.lock("a}b{c").await?;
     g.release().await?;
+    Ok(())
+}
+
+/// `cas_multi` on a Cluster: the derived keys of one name share a slot and
+/// go in one script (one request each call); keys of several slots are
+/// read at once, then taken one `cas` at a time, and behave the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cas_multi_in_one_slot_and_across_slots() -> common::Res {
+    use moltlock_core::MultiMode;
+
+    let cluster = fx::start_cluster()?;
+    let backend = RedisBackend::from_url(&cluster.url()).await?;
+    let urls: Vec<String> = cluster.nodes.iter().map(|n| n.raw_url()).collect();
+    let one_slot = common::keys(["sem#~s0", "sem#~s1", "sem#~w"])?;
+    let spread = common::keys(["spread/a", "spread/b", "spread/c"])?;
+    let ttl = Duration::from_secs(20);
+    // One script in one slot; across slots 3 reads (sent at once), then
+    // one cas per key.
+    for (keys, requests) in [(&one_slot, 1), (&spread, 6)] {
+        common::all_checks(&backend, keys).await?;
+        let token = Token::random();
+        common::reset_stats(&urls).await?;
+        let out = common::batch(&backend)?
+            .cas_multi(keys, &token, ttl, MultiMode::All)
+            .await?;
+        assert_eq!(common::acquired(out)?.len(), 3);
+        assert_eq!(
+            common::script_calls(&urls).await?,
+            (requests, 0),
+            "{keys:?}"
+        );
+        let listed: Vec<String> = backend.list("").await?.into_iter().map(|h| h.key).collect();
+        let mut want: Vec<&str> = keys.iter().map(LockKey::as_str).collect();
+        want.sort();
+        assert_eq!(listed, want);
+        for key in keys {
+            assert!(backend.delete(key, &token).await?);
+        }
+    }
     Ok(())
 }

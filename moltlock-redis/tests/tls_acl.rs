@@ -61,7 +61,7 @@ fn tls_store() -> moltlock_conformance::Factory {
 /// The whole suite over TLS as the restricted ACL user.
 mod conformance_over_tls_as_acl_user {
     use super::tls_store;
-    moltlock_conformance::conformance_tests!(tls_store(), without: [fair_queue, cas_multi]);
+    moltlock_conformance::conformance_tests!(tls_store(), without: [fair_queue]);
 }
 
 #[tokio::test]
