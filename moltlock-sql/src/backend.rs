@@ -6,14 +6,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use moltlock_core::{
-    hand_out, Backend, CasOutcome, Describe, Error, Fence, HolderInfo, Inspect, Limits, LockKey,
-    RaiseFence, RenewItem, RenewMany, StoreClock, Token, Watch,
+    hand_out, Backend, CasMulti, CasOutcome, Describe, Error, Fence, HolderInfo, Inspect, Limits,
+    LockKey, MultiMode, MultiOutcome, RaiseFence, RenewItem, RenewMany, StoreClock, Token, Watch,
 };
 
 use crate::config::{Expiry, SqlConfig};
 use crate::convert::SweepCounter;
-use crate::dialect::{DbResult, Dialect, Shared, Write};
+use crate::dialect::{DbResult, Dialect, Multi, Shared, Write};
 use crate::error::map;
+use crate::multi;
 
 /// Locks in a SQL table, over the dialect `D`; use the aliases
 /// `PostgresBackend`, `SqliteBackend` and `MySqlBackend`. Clones share one pool (and, for
@@ -246,7 +247,58 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         D::watcher(&self.inner)
     }
 
-    hand_out!(Inspect, RenewMany, Describe, RaiseFence);
+    hand_out!(Inspect, RenewMany, Describe, RaiseFence, CasMulti);
+}
+
+/// A batch of one key is that key's single acquisition. Otherwise
+/// Postgres: one statement for the whole batch (run again when another
+/// session took a key under it). SQLite: one `BEGIN
+/// IMMEDIATE` transaction of single acquisitions. MySQL: `All` in one
+/// transaction of single acquisitions in key order, `Any` one autocommit
+/// acquisition per key until one lands. Each key is judged exactly as
+/// [`Backend::cas`] judges it (the database's clock, or the observed
+/// expiry), and a busy key is reported as `cas` reports it.
+///
+/// # Cancel safety
+/// Postgres: one statement, done or not. SQLite: the transaction runs to
+/// its end on a task of its own. MySQL: an `All` transaction, too, runs to
+/// its end on a task of its own; a dropped `Any` may have taken one key. As
+/// the contract allows, whatever landed is owned by `token`.
+#[async_trait]
+impl<D: Dialect> CasMulti for SqlBackend<D> {
+    async fn cas_multi(
+        &self,
+        keys: &[LockKey],
+        token: &Token,
+        ttl: Duration,
+        mode: MultiMode,
+    ) -> Result<MultiOutcome, Error> {
+        for key in keys {
+            D::check_key(key)?;
+        }
+        multi::check_distinct(keys)?;
+        if keys.is_empty() {
+            return Ok(multi::empty(mode));
+        }
+        let m = Multi {
+            keys,
+            new: token,
+            ttl,
+            mode,
+        };
+        match keys {
+            // All or any of one key is that key: the single acquisition.
+            [key] => {
+                let one = self.run(D::acquire(&self.inner, m.write(key))).await?;
+                Ok(multi::of_one(one))
+            }
+            _ => self.run(D::acquire_many(&self.inner, m)).await,
+        }
+    }
+
+    fn max_keys(&self) -> usize {
+        D::MAX_BATCH
+    }
 }
 
 /// # Cancel safety

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use moltlock_core::{
-    CasOutcome, Error, Fence, HolderInfo, Limits, LockKey, RenewItem, StoreClock, Token, Watch,
+    CasOutcome, Error, Fence, HolderInfo, Limits, LockKey, MultiMode, MultiOutcome, RenewItem,
+    StoreClock, Token, Watch,
 };
 use tokio::time::Instant;
 
@@ -32,6 +33,27 @@ pub struct Write<'a> {
     pub(crate) key: &'a LockKey,
     pub(crate) new: &'a Token,
     pub(crate) ttl: Duration,
+}
+
+/// The writes a `cas_multi` asks for: `new` to hold `keys` (distinct, at
+/// least one) for `ttl`, every one of them or the first free one.
+#[derive(Clone, Copy)]
+pub struct Multi<'a> {
+    pub(crate) keys: &'a [LockKey],
+    pub(crate) new: &'a Token,
+    pub(crate) ttl: Duration,
+    pub(crate) mode: MultiMode,
+}
+
+impl<'a> Multi<'a> {
+    /// The single acquisition of `key` with this batch's token and TTL.
+    pub(crate) fn write(&self, key: &'a LockKey) -> Write<'a> {
+        Write {
+            key,
+            new: self.new,
+            ttl: self.ttl,
+        }
+    }
 }
 
 /// What one backend holds, shared by its clones.
@@ -69,6 +91,8 @@ pub trait Ops: Sized + Send + Sync + 'static {
     const REPORTS_CLOCK: bool;
     /// Whether released rows stay until a sweep deletes them.
     const SWEEPS: bool;
+    /// The most keys one batch acquisition takes (`CasMulti::max_keys`).
+    const MAX_BATCH: usize = usize::MAX;
     /// How long opening may be retried while the database is busy.
     const OPEN_RETRY: Option<Duration> = None;
 
@@ -96,6 +120,9 @@ pub trait Ops: Sized + Send + Sync + 'static {
     }
     /// Takes a free key.
     async fn acquire(db: &Shared<Self>, w: Write<'_>) -> DbResult<CasOutcome>;
+    /// Takes several free keys at once, as `CasMulti::cas_multi` does,
+    /// judging each key as [`acquire`](Self::acquire) does.
+    async fn acquire_many(db: &Shared<Self>, m: Multi<'_>) -> DbResult<MultiOutcome>;
     /// Renews (`expected == w.new`) or transfers a hold of `expected`.
     async fn update(db: &Shared<Self>, w: Write<'_>, expected: &Token) -> DbResult<CasOutcome>;
     /// Releases `owner`'s hold.

@@ -33,6 +33,7 @@ mod config;
 mod convert;
 mod dialect;
 mod error;
+mod multi;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 mod observe;

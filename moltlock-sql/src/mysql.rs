@@ -25,7 +25,9 @@
 //! [`RaiseFence::raise_fence`](moltlock_core::RaiseFence::raise_fence) records a per-key floor in a second table (used
 //! only while migrating between stores); later fences of that key exceed it.
 //! Waiters poll by the retry policy, sleeping no longer than the holder's
-//! time left. Renewal takes one `UPDATE` and one read per 500 holds.
+//! time left. Renewal takes one `UPDATE` and one read per 500 holds. A
+//! batch acquisition (`CasMulti`) runs the single acquisition per key, for
+//! `All` in one transaction (see `batch`).
 //!
 //! Exactness: owner tokens are compared byte for byte (`CAST(? AS BINARY)`),
 //! whatever the table's collation. The key column's `utf8mb4_bin` collation
@@ -47,14 +49,18 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use moltlock_core::{CasOutcome, Error, Fence, Held, HolderInfo, LockKey, RenewItem, Token};
+use moltlock_core::{
+    CasOutcome, Error, Fence, Held, HolderInfo, LockKey, MultiOutcome, RenewItem, Token,
+};
 use sqlx::mysql::{MySqlPool, MySqlRow};
 use sqlx::Row;
 
 use crate::backend::SqlBackend;
 use crate::config::{Expiry, SqlConfig};
 use crate::convert::{execute, mark_live, micros, pool_options, ttl_chunks, RETENTION};
-use crate::dialect::{DbResult, Ops, Shared, Write};
+use crate::dialect::{DbResult, Multi, Ops, Shared, Write};
+
+mod batch;
 
 /// Locks in a MySQL or MariaDB table. Clones share one pool.
 pub type MySqlBackend = SqlBackend<MySql>;
@@ -86,6 +92,9 @@ impl Ops for MySql {
     const NAME: &'static str = "mysql";
     const REPORTS_CLOCK: bool = false;
     const SWEEPS: bool = true;
+    /// The read of a refused `Any` batch's holders names every key once,
+    /// well within MySQL's 65,535 parameters.
+    const MAX_BATCH: usize = 10_000;
 
     /// Refuses `expiry=observed`: MySQL judges expiry by the server clock.
     fn new(cfg: &SqlConfig) -> Result<Self, Error> {
@@ -121,21 +130,18 @@ impl Ops for MySql {
         check_key(key)
     }
 
+    /// One statement; only when the key is held, a read of who holds it.
     async fn acquire(db: &Shared<Self>, w: Write<'_>) -> DbResult<CasOutcome> {
-        let Write { key, new, ttl } = w;
-        let done = sqlx::query(&db.dialect.sql.acquire)
-            .bind(key.as_str())
-            .bind(new.as_str())
-            .bind(key.as_str())
-            .bind(micros(ttl))
-            .execute(&db.pool)
-            .await?;
-        match done.last_insert_id() {
-            0 => Ok(held(read(db, key).await?)),
-            fence => Ok(CasOutcome::Acquired {
-                fence: Fence(fence),
-            }),
+        match take(&db.pool, &db.dialect.sql.acquire, w.key, w.new, w.ttl).await? {
+            Some(fence) => Ok(CasOutcome::Acquired { fence }),
+            None => Ok(held(read(db, w.key).await?)),
         }
+    }
+
+    /// `All`: the single acquisitions in one transaction; `Any`: one
+    /// autocommit acquisition per key until one lands (see `batch`).
+    async fn acquire_many(db: &Shared<Self>, m: Multi<'_>) -> DbResult<MultiOutcome> {
+        batch::acquire_many(db, m).await
     }
 
     async fn update(db: &Shared<Self>, w: Write<'_>, expected: &Token) -> DbResult<CasOutcome> {
@@ -215,6 +221,31 @@ impl Ops for MySql {
             .await?;
         Ok(())
     }
+}
+
+/// Runs the acquisition statement `sql` of `key` on `conn`: the fence
+/// taken, or `None` when the key is held.
+async fn take<'c, E>(
+    conn: E,
+    sql: &str,
+    key: &LockKey,
+    new: &Token,
+    ttl: Duration,
+) -> Result<Option<Fence>, sqlx::Error>
+where
+    E: sqlx::Executor<'c, Database = sqlx::MySql>,
+{
+    let done = sqlx::query(sql)
+        .bind(key.as_str())
+        .bind(new.as_str())
+        .bind(key.as_str())
+        .bind(micros(ttl))
+        .execute(conn)
+        .await?;
+    Ok(match done.last_insert_id() {
+        0 => None,
+        fence => Some(Fence(fence)),
+    })
 }
 
 fn info(row: &MySqlRow) -> Result<HolderInfo, sqlx::Error> {
@@ -320,6 +351,8 @@ struct Statements {
     table: String,
     acquire: String,
     read: String,
+    /// `read` of several keys, less the list of keys and its `)`.
+    read_in: String,
     renew: String,
     transfer: String,
     delete: String,
@@ -367,6 +400,10 @@ impl Statements {
             read: format!(
                 "SELECT lock_key, owner, fence, {left}, info FROM {t} \
                  WHERE lock_key = ? AND expires_at > {NOW}"
+            ),
+            read_in: format!(
+                "SELECT lock_key, owner, fence, {left}, info FROM {t} \
+                 WHERE expires_at > {NOW} AND lock_key IN ("
             ),
             renew: format!(
                 "UPDATE {t} SET fence = LAST_INSERT_ID(fence), \

@@ -54,14 +54,18 @@
 //!   statement is a single autocommit statement and works in transaction mode.
 //! - Batch renewal: one `UPDATE … FROM unnest(…)` renews every hold of a
 //!   manager.
+//! - Batch acquisition (`CasMulti`, the manager's `lock_all`, semaphores and
+//!   read-write locks): one statement over `unnest($1::text[])` locks the
+//!   keys' rows and takes all of them (or the first free one) with the
+//!   single acquisition's expiry test and fences; see `take`.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use moltlock_core::{
-    CasOutcome, Error, Fence, Held, HolderInfo, Limits, LockKey, ReleaseWatch, RenewItem, Token,
-    Watch,
+    CasOutcome, Error, Fence, Held, HolderInfo, Limits, LockKey, MultiOutcome, ReleaseWatch,
+    RenewItem, Token, Watch,
 };
 use sqlx::postgres::PgPool;
 use sqlx::Row;
@@ -69,12 +73,12 @@ use tokio::time::Instant;
 
 use crate::backend::SqlBackend;
 use crate::config::{Expiry, SqlConfig};
-use crate::convert::{execute, fence, holds, left_ms, millis, pool_options, RETENTION};
-use crate::dialect::{DbResult, Ops, Shared, Write};
+use crate::convert::{execute, fence, holds, millis, pool_options, RETENTION};
+use crate::dialect::{DbResult, Multi, Ops, Shared, Write};
 use crate::error::map;
-use crate::observe::Observed;
 
 mod listen;
+mod take;
 
 use listen::Listener;
 
@@ -144,29 +148,12 @@ impl Ops for Pg {
     }
 
     async fn acquire(db: &Shared<Self>, w: Write<'_>) -> DbResult<CasOutcome> {
-        let Write { key, new, ttl } = w;
-        if let Some(observed) = &db.observed {
-            return acquire_observed(db, observed, w).await;
-        }
-        let sent_at = Instant::now();
-        let row = sqlx::query(&db.dialect.sql.acquire)
-            .bind(key.as_str())
-            .bind(new.as_str())
-            .bind(millis(ttl))
-            .fetch_optional(&db.pool)
-            .await?;
-        let Some(row) = row else {
-            return Ok(CasOutcome::Held(Held::default()));
-        };
-        saw_clock(db, sent_at, row.try_get(3)?);
-        if let Some(f) = row.try_get::<Option<i64>, _>(0)? {
-            return Ok(CasOutcome::Acquired { fence: fence(f) });
-        }
-        Ok(CasOutcome::Held(Held {
-            holder: row.try_get::<Option<String>, _>(1)?.map(Token::from_stored),
-            expires_in: left_ms(row.try_get(2)?),
-            revision: None,
-        }))
+        take::acquire(db, w).await
+    }
+
+    /// One statement over `unnest($1::text[])` (see `take`).
+    async fn acquire_many(db: &Shared<Self>, m: Multi<'_>) -> DbResult<MultiOutcome> {
+        take::acquire_many(db, m).await
     }
 
     async fn update(db: &Shared<Self>, w: Write<'_>, expected: &Token) -> DbResult<CasOutcome> {
@@ -255,38 +242,6 @@ impl Ops for Pg {
     }
 }
 
-/// An acquisition in the observed-expiry mode: takes a released key, or one
-/// whose holder this process saw unchanged for that holder's TTL.
-async fn acquire_observed(db: &Shared<Pg>, seen: &Observed, w: Write<'_>) -> DbResult<CasOutcome> {
-    let Write { key, new, ttl } = w;
-    let (holder, version) = seen.ready(key.as_str()).unzip();
-    let row = sqlx::query(&db.dialect.sql.acquire)
-        .bind(key.as_str())
-        .bind(new.as_str())
-        .bind(millis(ttl))
-        .bind(holder)
-        .bind(version)
-        .fetch_optional(&db.pool)
-        .await?;
-    let Some(row) = row else {
-        seen.forget(key.as_str());
-        return Ok(CasOutcome::Held(Held::default()));
-    };
-    if let Some(f) = row.try_get::<Option<i64>, _>(0)? {
-        seen.forget(key.as_str());
-        return Ok(CasOutcome::Acquired { fence: fence(f) });
-    }
-    let owner: String = row.try_get::<Option<String>, _>(1)?.unwrap_or_default();
-    let version: i64 = row.try_get::<Option<i64>, _>(2)?.unwrap_or_default();
-    let held_ttl = left_ms(row.try_get(3)?).unwrap_or(ttl);
-    let left = seen.saw(key.as_str(), owner.clone(), version, held_ttl);
-    Ok(CasOutcome::Held(Held {
-        holder: Some(Token::from_stored(owner)),
-        expires_in: Some(left),
-        revision: None,
-    }))
-}
-
 /// Feeds a reply's server clock (µs since the epoch) to the store clock.
 fn saw_clock(db: &Shared<Pg>, sent_at: Instant, now_us: i64) {
     let us = u64::try_from(now_us).unwrap_or(0);
@@ -316,6 +271,9 @@ const NOW_US: &str = "(extract(epoch FROM now()) * 1000000)::bigint";
 /// The SQL of one table, built once from validated names.
 struct Statements {
     acquire: String,
+    /// The batch acquisitions (see `take`).
+    take_all: String,
+    take_any: String,
     renew: String,
     transfer: String,
     delete: String,
@@ -400,24 +358,18 @@ impl Statements {
             false => left.to_owned(),
             true => "NULL::bigint".to_owned(),
         };
+        let values = format!("VALUES ($1, $2, nextval('{seq}'), now() + {ms}, now(), 1, $3)");
+        let (take_all, take_any) = take::batch(t, seq, observed);
         Self {
-            // The new fence is drawn in the VALUES row before the conflict is
-            // resolved, so a statement that waited on a row lock may carry an
-            // older draw than the hold it replaces: `GREATEST` with the row's
-            // own last fence keeps fences of the key rising.
             acquire: format!(
-                "WITH ins AS (INSERT INTO {t} AS l \
-                 (key, owner, fence, expires_at, acquired_at, version, ttl_ms) \
-                 VALUES ($1, $2, nextval('{seq}'), now() + {ms}, now(), 1, $3) \
-                 ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, \
-                 fence = GREATEST(l.fence + 1, EXCLUDED.fence), info = NULL, \
-                 expires_at = EXCLUDED.expires_at, acquired_at = EXCLUDED.acquired_at, \
-                 version = l.version + 1, ttl_ms = EXCLUDED.ttl_ms \
-                 WHERE {take_if} RETURNING fence) \
+                "WITH ins AS ({} RETURNING fence) \
                  SELECT fence, NULL::text AS owner, NULL::bigint AS a, {granted_clock} AS b FROM ins \
                  UNION ALL SELECT NULL, owner, {held} FROM {t} \
-                 WHERE key = $1 AND owner <> '' AND NOT EXISTS (SELECT 1 FROM ins)"
+                 WHERE key = $1 AND owner <> '' AND NOT EXISTS (SELECT 1 FROM ins)",
+                take::upsert(t, &values, take_if)
             ),
+            take_all,
+            take_any,
             renew: format!(
                 "UPDATE {t} SET expires_at = now() + {ms}, version = version + 1, ttl_ms = $3 \
                  WHERE key = $1 AND owner = $2 AND {live} RETURNING fence, {NOW_US}"

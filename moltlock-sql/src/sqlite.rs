@@ -4,8 +4,9 @@
 //! Every write is one statement, which SQLite runs as a transaction of its
 //! own that takes the write lock before it reads anything (so no write works
 //! on a stale snapshot); a batch of renewals shares one `BEGIN IMMEDIATE`
-//! transaction. WAL journaling and a busy timeout. Expiry is judged by SQLite's own
-//! clock (`julianday('now')`), which every process on the machine shares.
+//! transaction, and so does a batch acquisition (`CasMulti`). WAL
+//! journaling and a busy timeout. Expiry is judged by SQLite's own clock
+//! (`julianday('now')`), which every process on the machine shares.
 //! Fences come from a one-row counter table that a trigger advances in the
 //! same statement as the acquisition, and are at least the clock in µs, so
 //! they stay above fences whose commits an OS crash lost (`synchronous` is
@@ -28,16 +29,21 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use moltlock_core::{
-    CasOutcome, Error, Fence, Held, HolderInfo, Limits, LockKey, RenewItem, Token,
+    CasOutcome, Error, Fence, Held, HolderInfo, Limits, LockKey, MultiOutcome, RenewItem, Token,
 };
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqliteRow,
+    SqliteSynchronous,
+};
 use sqlx::Row;
 use tokio::time::Instant;
 
 use crate::backend::SqlBackend;
 use crate::config::{Expiry, SqlConfig};
 use crate::convert::{self, execute, holds, left_ms, mark_live, millis, pool_options, ttl_chunks};
-use crate::dialect::{DbResult, Ops, Shared, Write};
+use crate::dialect::{DbResult, Multi, Ops, Shared, Write};
+
+mod batch;
 
 /// Locks in an SQLite database file. Clones share one pool.
 pub type SqliteBackend = SqlBackend<Sqlite>;
@@ -109,50 +115,17 @@ impl Ops for Sqlite {
     /// One statement; only when the key is held, a second one reads who
     /// holds it (a report for the waiter, not part of the decision).
     async fn acquire(db: &Shared<Self>, w: Write<'_>) -> DbResult<CasOutcome> {
-        let Write { key, new, ttl } = w;
-        let sql = &db.dialect.sql;
-        let ready = db.observed.as_ref().and_then(|o| o.ready(key.as_str()));
-        let (holder, version) = ready.unzip();
-        let mut query = sqlx::query_scalar(&sql.acquire)
-            .bind(key.as_str())
-            .bind(new.as_str())
-            .bind(millis(ttl));
-        if db.observed.is_some() {
-            query = query.bind(holder).bind(version);
-        }
+        let ready = db.observed.as_ref().and_then(|o| o.ready(w.key.as_str()));
         let sent_at = Instant::now();
-        let fence: Vec<i64> = query.fetch_all(&db.pool).await?;
-        if let Some(f) = fence.first() {
-            saw_clock(db, sent_at);
-            if let Some(o) = &db.observed {
-                o.forget(key.as_str());
-            }
-            return Ok(CasOutcome::Acquired {
-                fence: convert::fence(*f),
-            });
-        }
-        let row = sqlx::query(&sql.holder)
-            .bind(key.as_str())
-            .fetch_optional(&db.pool)
-            .await?;
-        let mut held = Held::default();
-        let Some(row) = row else {
-            if let Some(o) = &db.observed {
-                o.forget(key.as_str());
-            }
-            return Ok(CasOutcome::Held(held));
-        };
-        let owner: String = row.try_get(0)?;
-        held.expires_in = match &db.observed {
-            None => left_ms(row.try_get(1)?),
-            Some(o) => {
-                let version: i64 = row.try_get(1)?;
-                let ttl = left_ms(row.try_get(2)?).unwrap_or(ttl);
-                Some(o.saw(key.as_str(), owner.clone(), version, ttl))
-            }
-        };
-        held.holder = Some(Token::from_stored(owner));
-        Ok(CasOutcome::Held(held))
+        let mut conn = db.pool.acquire().await?;
+        let found = attempt(&mut conn, &db.dialect.sql, w.key, w.new, w.ttl, ready).await?;
+        Ok(judge(db, w, sent_at, found)?)
+    }
+
+    /// The single acquisition, key after key, in one `BEGIN IMMEDIATE`
+    /// transaction (see `batch`).
+    async fn acquire_many(db: &Shared<Self>, m: Multi<'_>) -> DbResult<MultiOutcome> {
+        batch::acquire_many(db, m).await
     }
 
     async fn update(db: &Shared<Self>, w: Write<'_>, expected: &Token) -> DbResult<CasOutcome> {
@@ -240,6 +213,86 @@ fn saw_clock(db: &Shared<Sqlite>, sent_at: Instant) {
     db.saw_clock(sent_at, now);
 }
 
+/// What the acquisition statement of one key found: its new fence, or,
+/// refused, the holder row that a second read found (if any).
+enum Found {
+    Taken(i64),
+    Busy(Option<SqliteRow>),
+}
+
+/// Runs the acquisition statement of `key` on `conn` (naming the
+/// `(holder, version)` pair `ready` in the observed-expiry mode) and, when
+/// it is refused, reads who holds the key.
+async fn attempt(
+    conn: &mut SqliteConnection,
+    sql: &Statements,
+    key: &LockKey,
+    new: &Token,
+    ttl: Duration,
+    ready: Option<(String, i64)>,
+) -> Result<Found, sqlx::Error> {
+    let mut query = sqlx::query_scalar(&sql.acquire)
+        .bind(key.as_str())
+        .bind(new.as_str())
+        .bind(millis(ttl));
+    if sql.observed {
+        let (holder, version) = ready.unzip();
+        query = query.bind(holder).bind(version);
+    }
+    let fence: Vec<i64> = query.fetch_all(&mut *conn).await?;
+    if let Some(f) = fence.first() {
+        return Ok(Found::Taken(*f));
+    }
+    let row = sqlx::query(&sql.holder)
+        .bind(key.as_str())
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(Found::Busy(row))
+}
+
+/// The outcome of what [`attempt`] found for `w`, in a request sent at
+/// `sent_at`: feeds the store clock on a grant, and in the observed-expiry
+/// mode records the hold seen (or forgets the key).
+fn judge(
+    db: &Shared<Sqlite>,
+    w: Write<'_>,
+    sent_at: Instant,
+    found: Found,
+) -> Result<CasOutcome, sqlx::Error> {
+    let key = w.key.as_str();
+    let row = match found {
+        Found::Taken(f) => {
+            saw_clock(db, sent_at);
+            if let Some(o) = &db.observed {
+                o.forget(key);
+            }
+            let fence = convert::fence(f);
+            return Ok(CasOutcome::Acquired { fence });
+        }
+        Found::Busy(None) => {
+            if let Some(o) = &db.observed {
+                o.forget(key);
+            }
+            return Ok(CasOutcome::Held(Held::default()));
+        }
+        Found::Busy(Some(row)) => row,
+    };
+    let owner: String = row.try_get(0)?;
+    let expires_in = match &db.observed {
+        None => left_ms(row.try_get(1)?),
+        Some(o) => {
+            let version: i64 = row.try_get(1)?;
+            let ttl = left_ms(row.try_get(2)?).unwrap_or(w.ttl);
+            Some(o.saw(key, owner.clone(), version, ttl))
+        }
+    };
+    Ok(CasOutcome::Held(Held {
+        holder: Some(Token::from_stored(owner)),
+        expires_in,
+        revision: None,
+    }))
+}
+
 /// Renews every hold in one `BEGIN IMMEDIATE` transaction, one
 /// `UPDATE … RETURNING` per run of up to 8,000 holds sharing a TTL.
 async fn renew_tx(
@@ -272,7 +325,10 @@ async fn renew_tx(
 /// Milliseconds since the epoch by SQLite's clock.
 const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
 
+#[derive(Clone)]
 struct Statements {
+    /// Whether the statements are those of the observed-expiry mode.
+    observed: bool,
     acquire: String,
     holder: String,
     renew: String,
@@ -360,6 +416,7 @@ impl Statements {
         )];
         ddl.extend(Self::counter_ddl(name, seq));
         Self {
+            observed,
             acquire: format!(
                 "INSERT INTO {t} (key, owner, fence, expires_at, acquired_at, version, ttl_ms) \
                  VALUES (?1, ?2, {next}, {NOW} + ?3, {NOW}, 1, ?3) \

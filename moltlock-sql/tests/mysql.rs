@@ -15,7 +15,7 @@ fn mysql() -> moltlock_conformance::Factory {
     })
 }
 
-moltlock_conformance::conformance_tests!(mysql(), without: [watch, fair_queue, cas_multi]);
+moltlock_conformance::conformance_tests!(mysql(), without: [watch, fair_queue]);
 
 #[tokio::test]
 async fn table_names_are_validated() {
@@ -98,7 +98,13 @@ async fn names_itself_and_hands_out_its_extensions() {
     assert_eq!(b.name(), "mysql");
     assert_eq!(
         moltlock_core::extension::extensions(&b),
-        ["inspect", "renew_many", "describe", "raise_fence"],
+        [
+            "inspect",
+            "renew_many",
+            "describe",
+            "raise_fence",
+            "cas_multi"
+        ],
         "MySQL has no release notifications and no fair queue"
     );
 }

@@ -14,7 +14,7 @@ fn pg() -> moltlock_conformance::Factory {
     })
 }
 
-moltlock_conformance::conformance_tests!(pg(), without: [fair_queue, cas_multi]);
+moltlock_conformance::conformance_tests!(pg(), without: [fair_queue]);
 
 fn shared() -> String {
     postgres::shared_url().unwrap_or_else(|e| panic!("{e}"))
@@ -384,7 +384,14 @@ async fn names_itself_and_hands_out_its_extensions() {
     assert_eq!(b.name(), "postgres");
     assert_eq!(
         moltlock_core::extension::extensions(&b),
-        ["watch", "inspect", "renew_many", "describe", "raise_fence"],
+        [
+            "watch",
+            "inspect",
+            "renew_many",
+            "describe",
+            "raise_fence",
+            "cas_multi"
+        ],
         "Postgres has no fair queue"
     );
 }

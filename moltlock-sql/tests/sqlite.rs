@@ -13,7 +13,7 @@ fn sqlite() -> moltlock_conformance::Factory {
     })
 }
 
-moltlock_conformance::conformance_tests!(sqlite(), without: [watch, fair_queue, cas_multi]);
+moltlock_conformance::conformance_tests!(sqlite(), without: [watch, fair_queue]);
 
 #[tokio::test]
 async fn table_names_are_validated() {
@@ -60,7 +60,13 @@ async fn names_itself_and_hands_out_its_extensions() {
     let extensions = moltlock_core::extension::extensions(&b);
     assert_eq!(
         extensions,
-        ["inspect", "renew_many", "describe", "raise_fence"],
+        [
+            "inspect",
+            "renew_many",
+            "describe",
+            "raise_fence",
+            "cas_multi"
+        ],
         "SQLite has no release notifications and no fair queue"
     );
 }
