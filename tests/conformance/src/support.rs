@@ -135,7 +135,9 @@ impl CasMulti for Partition {
     }
 
     fn takes_together(&self, keys: &[LockKey]) -> bool {
-        self.inner.batch_cas().is_some_and(|b| b.takes_together(keys))
+        self.inner
+            .batch_cas()
+            .is_some_and(|b| b.takes_together(keys))
     }
 }
 

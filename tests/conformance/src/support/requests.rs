@@ -139,7 +139,9 @@ impl CasMulti for Delay {
     }
 
     fn takes_together(&self, keys: &[LockKey]) -> bool {
-        self.inner.batch_cas().is_some_and(|b| b.takes_together(keys))
+        self.inner
+            .batch_cas()
+            .is_some_and(|b| b.takes_together(keys))
     }
 }
 
