@@ -12,7 +12,7 @@ use moltlock::{Backend, CasMulti, Forward, LockManager, LockOptions};
 use serde::Serialize;
 
 use crate::counting::Counting;
-use crate::primitives::{held, rate_cells, request_cells, run_loop, Hold, PrimResult, Take};
+use crate::primitives::{held, rate_cells, request_cells, warm_loop, Hold, PrimResult, Take};
 use crate::stats::ratio;
 use crate::target::Target;
 use crate::workload::{Bounds, Holding};
@@ -133,7 +133,7 @@ async fn measure(
         label,
         keys: keys.max(1),
     });
-    run_loop(&[take], bounds, &counts).await
+    warm_loop(&[take], bounds, &counts).await
 }
 
 /// What the backend's `cas_multi` is, in words.

@@ -2,7 +2,8 @@
 //! primitive and give it back at once, until the bounds are reached. Next
 //! to throughput and latency it records the store requests each
 //! acquisition cost (through a [`Counting`](crate::counting::Counting)
-//! wrapper) and the waits that ran out. (There is no overlap check here: a
+//! wrapper) and the waits that ran out. Each measured loop follows a short
+//! warm-up whose figures are dropped. (There is no overlap check here: a
 //! primitive given back at once is held for no time by the client's clock;
 //! the contended section checks exclusion, with a hold.)
 
@@ -114,6 +115,29 @@ pub struct PrimResult {
     pub requests: PerAcquisition,
     /// Waits that ran out.
     pub timeouts: u64,
+}
+
+/// The longest warm-up before a measured loop.
+const WARM_UP: Duration = Duration::from_millis(300);
+
+/// [`run_loop`] after a short loop whose figures are dropped (a tenth of
+/// the budget, at most [`WARM_UP`] and 32 cycles per task), so that
+/// whichever configuration runs first does not also pay for opening
+/// connections and preparing statements.
+///
+/// # Errors
+/// The first acquire or release error of either loop.
+pub async fn warm_loop(
+    takers: &[Arc<dyn Take>],
+    bounds: Bounds,
+    counts: &CountReader,
+) -> Result<PrimResult, String> {
+    let warm = Bounds {
+        duration: (bounds.duration / 10).min(WARM_UP),
+        max_cycles: bounds.max_cycles.min(32 * takers.len().max(1) as u64),
+    };
+    run_loop(takers, warm, counts).await?;
+    run_loop(takers, bounds, counts).await
 }
 
 /// Runs one task per taker, each taking and releasing at once, until the

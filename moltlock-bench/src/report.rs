@@ -305,6 +305,9 @@ impl Report {
     }
 
     fn checks_table(&self, s: &mut String) {
+        if self.checks.is_empty() {
+            return;
+        }
         let _ = writeln!(
             s,
             "### Targets\n\n| target | measured | met |\n|---|---|---|"

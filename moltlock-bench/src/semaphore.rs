@@ -14,7 +14,7 @@ use moltlock::{LockManager, LockOptions, Semaphore};
 use serde::Serialize;
 
 use crate::counting::{CountReader, Counting};
-use crate::primitives::{held, rate_cells, request_cells, run_loop, Hold, PrimResult, Take};
+use crate::primitives::{held, rate_cells, request_cells, warm_loop, Hold, PrimResult, Take};
 use crate::stats::ratio;
 use crate::target::Target;
 use crate::workload::{Bounds, Holding};
@@ -144,14 +144,14 @@ async fn measure(
             }) as Arc<dyn Take>
         })
         .collect();
-    let mutex = run_loop(&locks, bounds, counts).await?;
+    let mutex = warm_loop(&locks, bounds, counts).await?;
     let name = t.key("semaphore", tasks);
     let mut sems: Vec<Arc<dyn Take>> = Vec::with_capacity(tasks);
     for m in managers {
         let sem = m.semaphore(&name, permits).map_err(|e| e.to_string())?;
         sems.push(Arc::new(PermitTake(sem)));
     }
-    let semaphore = run_loop(&sems, bounds, counts).await?;
+    let semaphore = warm_loop(&sems, bounds, counts).await?;
     Ok(SemaphoreRun {
         tasks,
         ratio: ratio(semaphore.cycles.per_sec, mutex.cycles.per_sec),
