@@ -1,13 +1,21 @@
 //! A [`Backend`] wrapper that counts the requests the manager issues through
-//! it: the honest "requests issued by the client" for the renewal section.
-//! It forwards everything else, extensions included, unchanged.
+//! it: the honest "requests issued by the client" for the renewal,
+//! semaphore and multi-lock sections. It forwards everything else,
+//! extensions included, unchanged; the extensions that issue store requests
+//! (batch renewal, batch `cas`, inspection) are counted too, so a request
+//! that bypasses `cas` is never missed. Release watches are not counted:
+//! every backend serves them from one shared subscription.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use moltlock::{Backend, CasOutcome, Error, Forward, LockKey, RenewItem, RenewMany, Token};
+use moltlock::extension::require;
+use moltlock::{
+    Backend, CasMulti, CasOutcome, Error, Forward, HolderInfo, Inspect, LockKey, MultiMode,
+    MultiOutcome, RenewItem, RenewMany, Token,
+};
 
 /// Request counts so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -20,6 +28,29 @@ pub struct Counts {
     pub renew_many: u64,
     /// Holds renewed through `renew_many`, in all.
     pub renew_items: u64,
+    /// `cas_multi` calls (several keys in one request).
+    pub cas_multi: u64,
+    /// `inspect` and `list` calls.
+    pub inspect: u64,
+}
+
+impl Counts {
+    /// The requests counted since `earlier`.
+    pub fn since(&self, earlier: &Counts) -> Counts {
+        Counts {
+            cas: self.cas.saturating_sub(earlier.cas),
+            delete: self.delete.saturating_sub(earlier.delete),
+            renew_many: self.renew_many.saturating_sub(earlier.renew_many),
+            renew_items: self.renew_items.saturating_sub(earlier.renew_items),
+            cas_multi: self.cas_multi.saturating_sub(earlier.cas_multi),
+            inspect: self.inspect.saturating_sub(earlier.inspect),
+        }
+    }
+
+    /// Every store request counted (each call is one request).
+    pub fn requests(&self) -> u64 {
+        self.cas + self.delete + self.renew_many + self.cas_multi + self.inspect
+    }
 }
 
 #[derive(Default)]
@@ -28,6 +59,12 @@ struct Counters {
     delete: AtomicU64,
     renew_many: AtomicU64,
     renew_items: AtomicU64,
+    cas_multi: AtomicU64,
+    inspect: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Forwards every call to the inner backend, counting them.
@@ -49,6 +86,8 @@ impl CountReader {
             delete: c.delete.load(Ordering::Relaxed),
             renew_many: c.renew_many.load(Ordering::Relaxed),
             renew_items: c.renew_items.load(Ordering::Relaxed),
+            cas_multi: c.cas_multi.load(Ordering::Relaxed),
+            inspect: c.inspect.load(Ordering::Relaxed),
         }
     }
 }
@@ -59,6 +98,15 @@ impl Counting {
         let counters = Arc::new(Counters::default());
         let reader = CountReader(counters.clone());
         (Self { inner, counters }, reader)
+    }
+
+    /// Wraps `inner`, adding to the counts `reader` already sees (several
+    /// managers, one sum).
+    pub fn sharing(inner: Arc<dyn Backend>, reader: &CountReader) -> Self {
+        Self {
+            inner,
+            counters: reader.0.clone(),
+        }
     }
 }
 
@@ -77,28 +125,98 @@ impl Forward for Counting {
         new: &Token,
         ttl: Duration,
     ) -> Result<CasOutcome, Error> {
-        self.counters.cas.fetch_add(1, Ordering::Relaxed);
+        bump(&self.counters.cas);
         self.inner.cas(key, expected, new, ttl).await
     }
 
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        self.counters.delete.fetch_add(1, Ordering::Relaxed);
+        bump(&self.counters.delete);
         self.inner.delete(key, owner).await
     }
 
     fn renewer(&self) -> Option<&dyn RenewMany> {
         self.inner.renewer().map(|_| self as &dyn RenewMany)
     }
+
+    fn batch_cas(&self) -> Option<&dyn CasMulti> {
+        self.inner.batch_cas().map(|_| self as &dyn CasMulti)
+    }
+
+    fn inspector(&self) -> Option<&dyn Inspect> {
+        self.inner.inspector().map(|_| self as &dyn Inspect)
+    }
 }
 
 #[async_trait]
 impl RenewMany for Counting {
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
-        self.counters.renew_many.fetch_add(1, Ordering::Relaxed);
+        bump(&self.counters.renew_many);
         let n = items.len() as u64;
         self.counters.renew_items.fetch_add(n, Ordering::Relaxed);
-        let batch =
-            moltlock::extension::require(self.inner.name(), self.inner.renewer(), "batch renewal")?;
+        let batch = require(self.inner.name(), self.inner.renewer(), "batch renewal")?;
         batch.renew_many(items).await
+    }
+}
+
+#[async_trait]
+impl CasMulti for Counting {
+    async fn cas_multi(
+        &self,
+        keys: &[LockKey],
+        token: &Token,
+        ttl: Duration,
+        mode: MultiMode,
+    ) -> Result<MultiOutcome, Error> {
+        bump(&self.counters.cas_multi);
+        let batch = require(self.inner.name(), self.inner.batch_cas(), "batch cas")?;
+        batch.cas_multi(keys, token, ttl, mode).await
+    }
+
+    fn max_keys(&self) -> usize {
+        self.inner.batch_cas().map_or(usize::MAX, |b| b.max_keys())
+    }
+}
+
+#[async_trait]
+impl Inspect for Counting {
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        bump(&self.counters.inspect);
+        let inspector = require(self.inner.name(), self.inner.inspector(), "inspect")?;
+        inspector.inspect(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
+        bump(&self.counters.inspect);
+        let inspector = require(self.inner.name(), self.inner.inspector(), "list")?;
+        inspector.list(prefix).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moltlock::{BackendExt, MemoryBackend};
+
+    fn keys(names: &[&str]) -> Result<Vec<LockKey>, Error> {
+        names.iter().map(|n| LockKey::new(*n)).collect()
+    }
+
+    #[tokio::test]
+    async fn counts_batches_and_their_fallback() -> Result<(), Error> {
+        let inner: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+        let (counting, reader) = Counting::new(inner.clone());
+        let ks = keys(&["a", "b", "c"])?;
+        let ttl = Duration::from_secs(5);
+        BackendExt::cas_multi(&counting, &ks, &Token::random(), ttl, MultiMode::All).await?;
+        let batched = reader.get();
+        assert_eq!((batched.cas_multi, batched.cas), (1, 0));
+        let hidden = Counting::sharing(Arc::new(crate::lockall::NoBatch::new(inner)), &reader);
+        assert!(Backend::batch_cas(&hidden).is_none());
+        let more = keys(&["d", "e"])?;
+        BackendExt::cas_multi(&hidden, &more, &Token::random(), ttl, MultiMode::All).await?;
+        let after = reader.get().since(&batched);
+        assert_eq!((after.cas_multi, after.cas), (0, 2));
+        assert_eq!(after.requests(), 2);
+        Ok(())
     }
 }

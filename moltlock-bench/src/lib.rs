@@ -4,18 +4,22 @@
 //! acquire and release commands through the same client library the backend
 //! uses), one task doing lock → release cycles, many tasks doing so on
 //! distinct keys, tasks contending for one key (default and fair mode),
-//! renewal of many held locks, and — with `--peers` — `rslock` and etcd's
-//! Lock RPC under the same workloads. It prints markdown (or JSON) and can
+//! renewal of many held locks, a semaphore next to a plain lock, `lock_all`
+//! with and without the backend's `cas_multi`, and — with `--peers` —
+//! `rslock` and etcd's Lock RPC under the same workloads. It prints markdown (or JSON) and can
 //! write an SVG chart of hand-off latency. Every loop is bounded in time and
 //! in count. See `BENCHMARKS.md` at the repository root.
 
 pub mod counting;
 pub mod floor;
+pub mod lockall;
 pub mod molt;
 pub mod peers;
+pub mod primitives;
 pub mod renewal;
 pub mod report;
 pub mod run;
+pub mod semaphore;
 pub mod stats;
 pub mod svg;
 pub mod sysinfo;

@@ -5,7 +5,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::lockall::LockAllResult;
 use crate::renewal::RenewalResult;
+use crate::semaphore::SemaphoreResult;
 use crate::stats::{ratio, Summary};
 use crate::workload::{ContendedResult, LoopResult};
 
@@ -26,6 +28,19 @@ pub struct Settings {
     pub renewal_ttl_ms: u64,
     /// CPU cores of the machine.
     pub cores: usize,
+    /// The sections measured (`--only`), in run order.
+    pub sections: Vec<String>,
+    /// Permits of the semaphore section's semaphore.
+    pub permits: u32,
+    /// Keys per `lock_all` in the multi-lock section.
+    pub multi_keys: usize,
+}
+
+impl Settings {
+    /// Whether the run measured `section`.
+    pub fn measured(&self, section: &str) -> bool {
+        self.sections.iter().any(|s| s == section)
+    }
 }
 
 /// Everything measured on one backend.
@@ -53,6 +68,10 @@ pub struct BackendReport {
     pub contended_fair: Option<ContendedResult>,
     /// Renewal at scale.
     pub renewal: Option<RenewalResult>,
+    /// A semaphore next to a plain lock.
+    pub semaphore: Option<SemaphoreResult>,
+    /// `lock_all`, with and without the backend's `cas_multi`.
+    pub lock_all: Option<LockAllResult>,
     /// The error that stopped this backend's run, if any.
     pub error: Option<String>,
 }
@@ -106,7 +125,11 @@ impl Report {
     /// Fills [`Report::checks`] from the measurements.
     pub fn check(&mut self) {
         let mut out = Vec::new();
+        let throughput = self.settings.measured("throughput");
         for b in self.backends.iter().filter(|b| b.error.is_none()) {
+            if throughput {
+                check_throughput(b, &mut out);
+            }
             check_backend(b, &self.peers, &mut out);
         }
         self.checks = out;
@@ -119,18 +142,29 @@ impl Report {
         let _ = writeln!(
             s,
             "## MoltLock benchmark\n\n{} cores; {} ms per measurement; {} parallel tasks; \
-             {} contenders holding {} µs; renewal: {} locks, TTL {} ms.\n",
+             {} contenders holding {} µs; renewal: {} locks, TTL {} ms; sections: {}.\n",
             st.cores,
             st.duration_ms,
             st.parallel_tasks,
             st.contenders,
             st.hold_us,
             st.renewal_locks,
-            st.renewal_ttl_ms
+            st.renewal_ttl_ms,
+            st.sections.join(", ")
         );
-        self.throughput_table(&mut s);
-        self.contended_table(&mut s);
-        self.renewal_table(&mut s);
+        if st.measured("throughput") {
+            self.throughput_table(&mut s);
+        } else {
+            self.errors_table(&mut s);
+        }
+        let contended = self.backends.iter().any(|b| b.contended.is_some());
+        if contended || self.peers.iter().any(|p| p.contended.is_some()) {
+            self.contended_table(&mut s);
+        }
+        if self.backends.iter().any(|b| b.renewal.is_some()) {
+            self.renewal_table(&mut s);
+        }
+        self.primitive_tables(&mut s);
         self.checks_table(&mut s);
         s
     }
@@ -242,7 +276,38 @@ impl Report {
         s.push('\n');
     }
 
+    /// The backends whose run stopped, when the throughput table (which
+    /// shows them otherwise) is not printed.
+    fn errors_table(&self, s: &mut String) {
+        let failed: Vec<_> = self.backends.iter().filter(|b| b.error.is_some()).collect();
+        if failed.is_empty() {
+            return;
+        }
+        let _ = writeln!(s, "### Errors\n\n| backend | error |\n|---|---|");
+        for b in failed {
+            let e = b.error.as_deref().unwrap_or_default().replace('|', "/");
+            let _ = writeln!(s, "| moltlock {} | error: {e} |", b.store);
+        }
+        s.push('\n');
+    }
+
+    fn primitive_tables(&self, s: &mut String) {
+        let sems = self
+            .backends
+            .iter()
+            .filter_map(|b| Some((b.store.as_str(), b.semaphore.as_ref()?)));
+        crate::semaphore::table(s, sems);
+        let multis = self
+            .backends
+            .iter()
+            .filter_map(|b| Some((b.store.as_str(), b.lock_all.as_ref()?)));
+        crate::lockall::table(s, multis);
+    }
+
     fn checks_table(&self, s: &mut String) {
+        if self.checks.is_empty() {
+            return;
+        }
         let _ = writeln!(
             s,
             "### Targets\n\n| target | measured | met |\n|---|---|---|"
@@ -279,7 +344,7 @@ fn push(out: &mut Vec<Check>, what: String, value: String, met: bool) {
     out.push(Check { what, value, met });
 }
 
-fn check_backend(b: &BackendReport, peers: &[PeerReport], out: &mut Vec<Check>) {
+fn check_throughput(b: &BackendReport, out: &mut Vec<Check>) {
     let st = &b.store;
     push(
         out,
@@ -293,6 +358,10 @@ fn check_backend(b: &BackendReport, peers: &[PeerReport], out: &mut Vec<Check>) 
         format!("{:.2} ×", b.parallel_ratio),
         b.parallel_ratio >= 0.8,
     );
+}
+
+fn check_backend(b: &BackendReport, peers: &[PeerReport], out: &mut Vec<Check>) {
+    let st = &b.store;
     let handoff_stores = ["redis", "etcd", "postgres"];
     for (mode, c) in [("default", &b.contended), ("fair", &b.contended_fair)] {
         let Some(c) = c else { continue };

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use moltlock::{Backend, Store};
 
 use crate::floor::Floor;
@@ -47,6 +47,18 @@ pub struct Args {
     /// the backend's shortest TTL).
     #[arg(long, default_value = "6s", value_parser = parse_duration)]
     pub renew_ttl: Duration,
+    /// Permits of the semaphore section's semaphore (it runs with one task
+    /// and with `--contenders` tasks).
+    #[arg(long, default_value_t = 4)]
+    pub permits: u32,
+    /// Keys per `lock_all` in the multi-lock section.
+    #[arg(long, default_value_t = 4)]
+    pub multi_keys: usize,
+    /// Measure only these sections (comma-separated; default: all). The
+    /// bare round trip is measured always; `--peers` runs the peers either
+    /// way.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Section>,
     /// Also run the peers: rslock on Redis URLs, etcd's Lock RPC on etcd URLs.
     #[arg(long)]
     pub peers: bool,
@@ -59,6 +71,55 @@ pub struct Args {
     /// Write the hand-off latency chart (SVG) here.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+}
+
+/// A part of a backend's run, for `--only`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Section {
+    /// The floor, one task and many on distinct keys.
+    Throughput,
+    /// Tasks contending for one key (default and fair mode).
+    Contended,
+    /// Many locks held across renewal intervals (`--locks`).
+    Renewal,
+    /// A semaphore next to a plain lock, one task and many.
+    Semaphore,
+    /// `lock_all`, with and without the backend's `cas_multi`.
+    LockAll,
+}
+
+impl Section {
+    /// Every section, in run order.
+    pub const ALL: [Section; 5] = [
+        Section::Throughput,
+        Section::Contended,
+        Section::Renewal,
+        Section::Semaphore,
+        Section::LockAll,
+    ];
+
+    /// Its name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Section::Throughput => "throughput",
+            Section::Contended => "contended",
+            Section::Renewal => "renewal",
+            Section::Semaphore => "semaphore",
+            Section::LockAll => "lock-all",
+        }
+    }
+}
+
+impl Args {
+    /// Whether the run measures `section`.
+    pub fn runs(&self, section: Section) -> bool {
+        self.only.is_empty() || self.only.contains(&section)
+    }
+
+    /// The sections measured, in run order.
+    pub fn sections(&self) -> Vec<Section> {
+        Section::ALL.into_iter().filter(|s| self.runs(*s)).collect()
+    }
 }
 
 /// Parses `250ms`, `3s`, `1.5s`, `2m` or a bare number of seconds.
@@ -131,6 +192,9 @@ pub async fn run(a: &Args) -> Report {
             renewal_locks: a.locks,
             renewal_ttl_ms: a.renew_ttl.as_millis() as u64,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            sections: a.sections().iter().map(|s| s.name().to_owned()).collect(),
+            permits: a.permits,
+            multi_keys: a.multi_keys,
         },
         ..Report::default()
     };
@@ -192,7 +256,6 @@ async fn measure_with(
     backend: Arc<dyn Backend>,
     floor: &Floor,
 ) -> Result<(), String> {
-    let b = bounds(a);
     let rtt_bounds = Bounds {
         duration: a.duration / 2,
         max_cycles: a.max_cycles,
@@ -200,20 +263,16 @@ async fn measure_with(
     r.rtt = closed_loop(Arc::new(Rtt(floor.clone())), keys(t, "rtt"), 1, rtt_bounds)
         .await?
         .latency;
-    let floor_c: Arc<dyn Cycler> = Arc::new(floor.clone());
-    let molt: Arc<dyn Locker> = Arc::new(MoltLocker::new(backend.clone(), false)?);
-    let molt_c: Arc<dyn Cycler> = Arc::new(LockerCycler(molt));
-    r.floor = closed_loop(floor_c.clone(), keys(t, "floor-u"), 1, b).await?;
-    r.uncontended = closed_loop(molt_c.clone(), keys(t, "lock-u"), 1, b).await?;
-    r.uncontended_ratio = ratio(r.uncontended.per_sec, r.floor.per_sec);
-    r.floor_parallel = closed_loop(floor_c, keys(t, "floor-p"), a.tasks, b).await?;
-    r.parallel = closed_loop(molt_c, keys(t, "lock-p"), a.tasks, b).await?;
-    r.parallel_ratio = ratio(r.parallel.per_sec, r.floor_parallel.per_sec);
-    r.contended = Some(contend_molt(t, a, false).await?);
-    if backend.fair_queue().is_some() {
-        r.contended_fair = Some(contend_molt(t, a, true).await?);
+    if a.runs(Section::Throughput) {
+        throughput(t, a, r, backend.clone(), floor).await?;
     }
-    if a.locks > 0 {
+    if a.runs(Section::Contended) {
+        r.contended = Some(contend_molt(t, a, false).await?);
+        if backend.fair_queue().is_some() {
+            r.contended_fair = Some(contend_molt(t, a, true).await?);
+        }
+    }
+    if a.locks > 0 && a.runs(Section::Renewal) {
         eprintln!(
             "moltlock-bench: {}: renewal with {} locks",
             t.label(),
@@ -221,6 +280,41 @@ async fn measure_with(
         );
         let res = crate::renewal::renewal(t, floor, a.locks, a.renew_ttl, a.tasks).await?;
         r.renewal = Some(res);
+    }
+    primitives(t, a, r).await
+}
+
+/// The floor and MoltLock, one task and many, on distinct keys.
+async fn throughput(
+    t: &Target,
+    a: &Args,
+    r: &mut BackendReport,
+    backend: Arc<dyn Backend>,
+    floor: &Floor,
+) -> Result<(), String> {
+    let b = bounds(a);
+    let floor_c: Arc<dyn Cycler> = Arc::new(floor.clone());
+    let molt: Arc<dyn Locker> = Arc::new(MoltLocker::new(backend, false)?);
+    let molt_c: Arc<dyn Cycler> = Arc::new(LockerCycler(molt));
+    r.floor = closed_loop(floor_c.clone(), keys(t, "floor-u"), 1, b).await?;
+    r.uncontended = closed_loop(molt_c.clone(), keys(t, "lock-u"), 1, b).await?;
+    r.uncontended_ratio = ratio(r.uncontended.per_sec, r.floor.per_sec);
+    r.floor_parallel = closed_loop(floor_c, keys(t, "floor-p"), a.tasks, b).await?;
+    r.parallel = closed_loop(molt_c, keys(t, "lock-p"), a.tasks, b).await?;
+    r.parallel_ratio = ratio(r.parallel.per_sec, r.floor_parallel.per_sec);
+    Ok(())
+}
+
+/// The semaphore and multi-lock sections.
+async fn primitives(t: &Target, a: &Args, r: &mut BackendReport) -> Result<(), String> {
+    if a.runs(Section::Semaphore) {
+        eprintln!("moltlock-bench: {}: semaphore", t.label());
+        let res = crate::semaphore::semaphore(t, a.permits, a.contenders, bounds(a)).await?;
+        r.semaphore = Some(res);
+    }
+    if a.runs(Section::LockAll) {
+        eprintln!("moltlock-bench: {}: lock_all", t.label());
+        r.lock_all = Some(crate::lockall::lock_all(t, a.multi_keys, bounds(a)).await?);
     }
     Ok(())
 }

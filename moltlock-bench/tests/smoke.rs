@@ -2,7 +2,9 @@
 //! SQLite in a temp file, and against Redis, Postgres, etcd and MySQL when
 //! they are available, so the harness cannot rot. It checks real things:
 //! every section is present, cycles were done, no two tasks ever held the
-//! contended key at once, and renewal kept every lock.
+//! contended key at once, renewal kept every lock, semaphore waiters never
+//! starved, and `lock_all` issued the requests its path implies (one
+//! `cas_multi`, or one `cas` per key with it hidden).
 
 use std::process::Command;
 
@@ -12,7 +14,7 @@ fn bench() -> Command {
     Command::new(env!("CARGO_BIN_EXE_moltlock-bench"))
 }
 
-const TINY: [&str; 14] = [
+const TINY: [&str; 18] = [
     "--duration",
     "150ms",
     "--locks",
@@ -27,6 +29,10 @@ const TINY: [&str; 14] = [
     "1ms",
     "--max-cycles",
     "20000",
+    "--permits",
+    "2",
+    "--multi-keys",
+    "4",
 ];
 
 fn sqlite_url(dir: &tempfile::TempDir) -> String {
@@ -70,6 +76,73 @@ fn num(v: &Value, path: &[&str]) -> f64 {
     cur.as_f64().unwrap_or(f64::NAN)
 }
 
+fn near(v: f64, want: f64) -> bool {
+    (want..=want + 0.5).contains(&v)
+}
+
+/// Three contenders for two permits, and one task alone, each next to a
+/// plain lock.
+fn check_semaphore(store: &str, sem: &Value) {
+    let Some(runs) = sem["runs"].as_array() else {
+        panic!("{store}: no semaphore runs in {sem}");
+    };
+    let tasks: Vec<f64> = runs.iter().map(|r| num(r, &["tasks"])).collect();
+    assert_eq!(tasks, [1.0, 3.0], "{store}: semaphore task counts");
+    for r in runs {
+        for what in ["mutex", "semaphore"] {
+            let p = &r[what];
+            let n = num(p, &["cycles", "tasks"]);
+            assert!(
+                num(p, &["cycles", "cycles"]) > 0.0,
+                "{store}: no {what} cycles ({n} tasks)"
+            );
+            assert_eq!(
+                num(p, &["timeouts"]),
+                0.0,
+                "{store}: a {what} waiter starved"
+            );
+            assert!(
+                num(p, &["requests", "acquire"]) >= 1.0,
+                "{store}: {what} requests"
+            );
+            assert!(
+                num(p, &["requests", "delete"]) >= 1.0,
+                "{store}: {what} releases"
+            );
+        }
+    }
+}
+
+/// Uncontended `lock_all`: one `cas_multi` per acquisition where the
+/// backend has it (and takes that many keys), one `cas` per key otherwise
+/// and always with it hidden; one `delete` per key.
+fn check_lock_all(store: &str, all: &Value) {
+    let keys = num(all, &["keys"]);
+    assert_eq!(keys, 4.0, "{store}: lock_all keys");
+    let max = all["max_keys"].as_f64().unwrap_or(f64::INFINITY);
+    let native = all["cas_multi"].as_bool() == Some(true) && max >= keys;
+    for (which, batched) in [("as_is", native), ("hidden", false)] {
+        let p = &all[which];
+        assert!(
+            num(p, &["cycles", "cycles"]) > 0.0,
+            "{store}: no {which} cycles"
+        );
+        let (cas, multi) = (
+            num(p, &["requests", "cas"]),
+            num(p, &["requests", "cas_multi"]),
+        );
+        let want = if batched { (0.0, 1.0) } else { (keys, 0.0) };
+        assert!(
+            near(cas, want.0) && near(multi, want.1),
+            "{store} {which}: {cas} cas, {multi} cas_multi"
+        );
+        assert!(
+            near(num(p, &["requests", "delete"]), keys),
+            "{store} {which}: deletes"
+        );
+    }
+}
+
 fn check_backend(b: &Value) {
     let store = b["store"].as_str().unwrap_or("?");
     assert!(b["error"].is_null(), "{store}: {}", b["error"]);
@@ -95,6 +168,8 @@ fn check_backend(b: &Value) {
             "{store}: fair overlap"
         );
     }
+    check_semaphore(store, &b["semaphore"]);
+    check_lock_all(store, &b["lock_all"]);
     let r = &b["renewal"];
     assert_eq!(num(r, &["locks"]), 40.0, "{store}: renewal locks");
     assert_eq!(num(r, &["lost"]), 0.0, "{store}: renewal lost holds");
@@ -167,10 +242,56 @@ fn markdown_has_every_section() {
         "### Renewal at scale",
         "### Targets",
         "| moltlock sqlite | default |",
+        "### Semaphore of 2 permits next to a plain lock",
+        "| sqlite | none | 3 | semaphore(2) |",
+        "### lock_all of 4 keys",
+        "| sqlite | hidden | cas_multi hidden (one cas per key) |",
     ] {
         assert!(text.contains(section), "missing {section:?} in\n{text}");
     }
     assert!(!text.contains("error:"), "{text}");
+}
+
+/// `--only` runs just the sections named (the new ones here), on SQLite
+/// and on the shared Redis and Postgres where they answer.
+#[test]
+fn only_the_sections_asked_for() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut urls = vec![sqlite_url(&dir)];
+    let redis = moltlock_fixtures::redis::redis();
+    if let Ok(r) = &redis {
+        urls.push(r.url());
+    }
+    if let Ok(u) = moltlock_fixtures::postgres::shared_url() {
+        urls.push(u);
+    }
+    let mut cmd = bench();
+    for u in &urls {
+        cmd.arg("--url").arg(u);
+    }
+    let out = cmd
+        .args(TINY)
+        .args(["--only", "semaphore,lock-all", "--json"])
+        .output()
+        .expect("run moltlock-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}\n{stderr}", out.status);
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let sections = &report["settings"]["sections"];
+    assert_eq!(sections, &serde_json::json!(["semaphore", "lock-all"]));
+    let backends = report["backends"].as_array().expect("backends");
+    assert_eq!(backends.len(), urls.len(), "{stderr}");
+    for b in backends {
+        let store = b["store"].as_str().unwrap_or("?");
+        assert!(b["error"].is_null(), "{store}: {}", b["error"]);
+        assert_eq!(num(b, &["floor", "cycles"]), 0.0, "{store}: floor ran");
+        assert!(
+            b["contended"].is_null() && b["renewal"].is_null(),
+            "{store}"
+        );
+        check_semaphore(store, &b["semaphore"]);
+        check_lock_all(store, &b["lock_all"]);
+    }
 }
 
 #[test]
