@@ -111,3 +111,95 @@ impl Drop for PendingAcquire {
         }
     }
 }
+
+/// [`PendingAcquire`] for a multi-key request: one background task deletes
+/// every key by token (an `Any` request takes at most one key, so that
+/// task stops at the first key it finds held), instead of one task a key.
+pub(crate) struct PendingSet {
+    inner: Arc<Inner>,
+    keys: Vec<LockKey>,
+    token: Token,
+    any: bool,
+    armed: bool,
+}
+
+impl PendingSet {
+    pub(crate) fn new(inner: Arc<Inner>, keys: &[LockKey], token: &Token, any: bool) -> Self {
+        Self {
+            inner,
+            keys: keys.to_vec(),
+            token: token.clone(),
+            any,
+            armed: true,
+        }
+    }
+
+    /// `key` is owned by a guard now (or known free): not ours to clean.
+    pub(crate) fn settle(&mut self, key: &LockKey) {
+        self.keys.retain(|k| k != key);
+    }
+
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for PendingSet {
+    fn drop(&mut self) {
+        if !self.armed || self.keys.is_empty() {
+            return;
+        }
+        let here = tokio::runtime::Handle::try_current().ok();
+        let Some(handle) = here.or_else(|| self.inner.runtime.get().cloned()) else {
+            tracing::debug!("no runtime; a cancelled multi-key attempt lives until its TTL");
+            return;
+        };
+        let backend = self.inner.backend.clone();
+        let bound = self.inner.limits.late_write;
+        let limit = self.inner.cfg.release_timeout + bound;
+        let (keys, token, any) = (std::mem::take(&mut self.keys), self.token.clone(), self.any);
+        let ticket = crate::pending::Ticket::new();
+        handle.spawn(async move {
+            let _ticket = ticket;
+            let work = delete_set(backend.as_ref(), keys, &token, any, bound);
+            if tokio::time::timeout(limit, work).await.is_err() {
+                tracing::debug!("cleanup of a cancelled multi-key attempt timed out");
+            }
+        });
+    }
+}
+
+/// Deletes each key by `token` at the cancelled pauses until every key was
+/// deleted (`any`: one was) or the late-write bound has passed.
+async fn delete_set(
+    backend: &dyn Backend,
+    mut keys: Vec<LockKey>,
+    token: &Token,
+    any: bool,
+    bound: Duration,
+) {
+    let started = tokio::time::Instant::now();
+    let mut pauses = CANCELLED_PAUSES.iter();
+    let mut pause = Duration::ZERO;
+    loop {
+        let mut left = Vec::with_capacity(keys.len());
+        for key in keys {
+            match backend.delete(&key, token).await {
+                Ok(true) if any => return,
+                Ok(true) => {}
+                Ok(false) => left.push(key),
+                Err(e) => {
+                    tracing::debug!(%key, error = %e, "best-effort release failed");
+                    left.push(key);
+                }
+            }
+        }
+        keys = left;
+        let waited = started.elapsed();
+        if keys.is_empty() || waited > bound {
+            return;
+        }
+        pause = pauses.next().copied().unwrap_or(pause);
+        tokio::time::sleep(pause.min(bound - waited + Duration::from_millis(50))).await;
+    }
+}

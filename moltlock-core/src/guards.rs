@@ -71,8 +71,8 @@ impl Deref for SlotGuard {
 }
 
 /// Several keys held together ([`LockManager::lock_all`](crate::LockManager::lock_all)),
-/// in bytewise key order. Valid while every hold is; dropped, it gives the
-/// keys back in reverse order.
+/// in bytewise key order. Valid while every hold is; dropped, it gives
+/// every key back in the background.
 #[must_use = "dropping the guard releases every key at once"]
 #[clippy::has_significant_drop]
 pub struct MultiGuard {
@@ -147,8 +147,8 @@ impl MultiGuard {
     /// one fails.
     ///
     /// # Cancel safety
-    /// Every hold leaves renewal at once (each lives at most until its
-    /// TTL); dropping the future releases the rest in the background.
+    /// Each hold leaves renewal when its turn comes; dropping the future
+    /// releases the rest in the background.
     ///
     /// # Errors
     /// The first failure ([`Error::NotHeld`] for a key that had expired or

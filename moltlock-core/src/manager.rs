@@ -118,6 +118,11 @@ impl LockManager {
         &self.inner
     }
 
+    /// The retry policy's delay before retry number `attempt`.
+    pub(crate) fn retry_delay(&self, attempt: u32) -> Duration {
+        self.inner.cfg.retry.delay(attempt)
+    }
+
     /// The backend behind this manager.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.inner.backend

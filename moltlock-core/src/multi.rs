@@ -13,9 +13,13 @@ impl LockManager {
     /// caller's, so two callers naming the same keys in opposite orders
     /// cannot deadlock. An attempt takes every key or none: a key held
     /// elsewhere gives back whatever the attempt took (nothing at all
-    /// where the backend has [`CasMulti`](crate::CasMulti), which takes
-    /// them in one request), so a waiter holds nothing while it waits. The
-    /// timeout in `opts` is for the whole set, not per key.
+    /// where the backend's [`CasMulti`](crate::CasMulti) takes them
+    /// together, in one request; past its
+    /// [`max_keys`](crate::CasMulti::max_keys) or for keys it cannot take
+    /// together, such as keys of different Redis Cluster slots, one `cas` a
+    /// key, and others may see a part of the set held meanwhile), so a
+    /// waiter holds nothing while it waits. The timeout in `opts` is for
+    /// the whole set, not per key.
     ///
     /// # Cancel safety
     /// Dropping the future holds nothing: holds taken are given back and
@@ -44,7 +48,8 @@ impl LockManager {
     /// As [`lock_all`](Self::lock_all).
     ///
     /// # Errors
-    /// As [`lock_all`](Self::lock_all), but never a timeout.
+    /// As [`lock_all`](Self::lock_all); [`Error::Timeout`] only when `opts`
+    /// sets a timeout and the one attempt outlasts it.
     pub async fn try_lock_all<K: AsRef<str>>(
         &self,
         keys: impl IntoIterator<Item = K>,

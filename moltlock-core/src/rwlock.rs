@@ -166,7 +166,15 @@ impl RwLock {
         let mut checked = false;
         let mut attempt = 0u32;
         loop {
-            let pass = match self.pass(ttl).await? {
+            let found = match self.pass(ttl).await {
+                Err(e) if e.is_retryable() && !no_wait => {
+                    self.backoff(&e, attempt).await;
+                    attempt = attempt.saturating_add(1);
+                    continue;
+                }
+                found => found?,
+            };
+            let pass = match found {
                 Pass::Held(guard) => Some(guard),
                 Pass::Reader => None,
                 Pass::Writer(_) if no_wait => return Ok(None),
@@ -185,11 +193,17 @@ impl RwLock {
             let keys = self.readers.rotated();
             let tried = self.mgr.attempt_set(&keys, MultiMode::Any, ttl).await;
             if let Some(pass) = pass {
-                if let Err(e) = pass.release().await {
-                    tracing::debug!(name = %self.name(), error = %e, "the writer key's pass was not given back");
-                }
+                self.mgr.release_or_retry(pass).await;
             }
-            let busy = match tried? {
+            let tried = match tried {
+                Err(e) if e.is_retryable() && !no_wait => {
+                    self.backoff(&e, attempt).await;
+                    attempt = attempt.saturating_add(1);
+                    continue;
+                }
+                tried => tried?,
+            };
+            let busy = match tried {
                 Attempt::Got(mut guards) => match guards.pop() {
                     Some(g) => return Ok(Some(self.slot_guard(g))),
                     None => continue,
@@ -210,6 +224,12 @@ impl RwLock {
             self.mgr.pause_set(&mut watches, &busy, attempt).await;
             attempt = attempt.saturating_add(1);
         }
+    }
+
+    /// Sleeps the retry delay after a transient store error.
+    async fn backoff(&self, e: &Error, attempt: u32) {
+        tracing::debug!(name = %self.name(), error = %e, "read attempt failed; retrying");
+        tokio::time::sleep(self.mgr.retry_delay(attempt)).await;
     }
 
     /// One attempt at the writer key for a reader's pass: held now, held
@@ -267,7 +287,8 @@ impl RwLock {
     /// taken so far are given back, attempts in flight deleted by token.
     ///
     /// # Errors
-    /// Store errors that are not retryable.
+    /// Store errors that are not retryable; [`Error::LimitMismatch`] when
+    /// a reader of a client with more reader slots holds a slot past ours.
     pub async fn write(&self) -> Result<WriteGuard, Error> {
         let got = self.write_with(LockOptions::new()).await?;
         granted(&self.mgr, got)
@@ -314,14 +335,16 @@ impl RwLock {
             .mgr
             .acquire_set(slots, MultiMode::All, ttl, no_wait, None)
             .await?;
-        match got {
-            Some(readers) => Ok(Some(WriteGuard::new(writer, MultiGuard::new(readers)))),
-            None => {
-                if let Err(e) = writer.release().await {
-                    tracing::debug!(name = %self.name(), error = %e, "the writer key was not given back");
-                }
-                Ok(None)
-            }
+        let Some(readers) = got else {
+            self.mgr.release_or_retry(writer).await;
+            return Ok(None);
+        };
+        let guard = WriteGuard::new(writer, MultiGuard::new(readers));
+        // Readers of a client with more slots could sit past ours.
+        if let Err(e) = self.readers.check_limit(&self.mgr).await {
+            guard.release().await.ok();
+            return Err(e);
         }
+        Ok(Some(guard))
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::cleanup::PendingAcquire;
+use crate::cleanup::PendingSet;
 use crate::guard::LockGuard;
 use crate::manager::LockManager;
 use crate::options::LockOptions;
@@ -66,6 +66,33 @@ pub(crate) async fn within<T>(
     }
 }
 
+/// Refuses an answer that names keys it was not asked for, or (for `All`)
+/// leaves some out: a guard missing a key would claim what it does not
+/// hold. The cleanup stays armed, so whatever was taken is deleted.
+fn check_taken(
+    backend: &'static str,
+    len: usize,
+    mode: MultiMode,
+    taken: &[(usize, crate::Fence)],
+) -> Result<(), Error> {
+    let mut seen: Vec<usize> = taken.iter().map(|(i, _)| *i).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    let fits = seen.len() == taken.len() && seen.iter().all(|i| *i < len);
+    let count = match mode {
+        MultiMode::All => len,
+        MultiMode::Any => 1,
+    };
+    if fits && seen.len() == count {
+        return Ok(());
+    }
+    Err(Error::store(
+        backend,
+        format!("cas_multi answered {taken:?} for {len} keys ({mode:?})"),
+        false,
+    ))
+}
+
 /// The guard of a waiting acquisition (which returns `None` only when
 /// asked not to wait).
 pub(crate) fn granted<T>(mgr: &LockManager, got: Option<T>) -> Result<T, Error> {
@@ -96,43 +123,34 @@ impl LockManager {
         token: Token,
     ) -> Result<Attempt, Error> {
         let inner = self.inner();
-        let mut pending: Vec<PendingAcquire> = keys
-            .iter()
-            .map(|k| PendingAcquire::new(inner.clone(), k, &token))
-            .collect();
+        let any = mode == MultiMode::Any;
+        let mut pending = PendingSet::new(inner.clone(), keys, &token, any);
         let sent_at = Instant::now();
         let outcome = inner.backend.cas_multi(keys, &token, ttl, mode).await?;
         match outcome {
             MultiOutcome::Held(busy) => {
-                self.give_back_own(keys, &token, &busy, &mut pending).await;
+                if busy.iter().any(|(_, h)| h.holder.as_ref() == Some(&token)) {
+                    self.give_back_all(keys, &token, &mut pending).await;
+                } else {
+                    pending.disarm();
+                }
                 Ok(Attempt::Busy(busy))
             }
             MultiOutcome::Acquired(taken) => {
+                check_taken(inner.backend.name(), keys.len(), mode, &taken)?;
                 self.confirm_set(keys, token, ttl, sent_at, taken, pending)
                     .await
             }
         }
     }
 
-    /// Keys the store reported held by our own token (a request applied
-    /// twice) are deleted; every other key's cleanup is disarmed.
-    async fn give_back_own(
-        &self,
-        keys: &[LockKey],
-        token: &Token,
-        busy: &[(usize, Held)],
-        pending: &mut [PendingAcquire],
-    ) {
-        for (i, p) in pending.iter_mut().enumerate() {
-            let own = busy
-                .iter()
-                .any(|(j, h)| *j == i && h.holder.as_ref() == Some(token));
-            let deleted = match (own, keys.get(i)) {
-                (true, Some(key)) => self.inner().backend.delete(key, token).await.is_ok(),
-                _ => true,
-            };
-            if deleted {
-                p.disarm();
+    /// The store reported a key held by our own token (a request applied
+    /// twice): every key is deleted by the token, and a key whose delete
+    /// failed is left to the cleanup.
+    async fn give_back_all(&self, keys: &[LockKey], token: &Token, pending: &mut PendingSet) {
+        for key in keys {
+            if self.inner().backend.delete(key, token).await.is_ok() {
+                pending.settle(key);
             }
         }
     }
@@ -146,24 +164,20 @@ impl LockManager {
         ttl: Duration,
         sent_at: Instant,
         taken: Vec<(usize, crate::Fence)>,
-        mut pending: Vec<PendingAcquire>,
+        mut pending: PendingSet,
     ) -> Result<Attempt, Error> {
         let mut guards = Vec::with_capacity(taken.len());
         let mut whole = true;
         for (i, fence) in taken {
             let Some(key) = keys.get(i) else { continue };
             let confirmed = self.confirm_late_grant(key, &token, ttl, sent_at).await?;
-            if let Some(p) = pending.get_mut(i) {
-                p.disarm();
-            }
+            pending.settle(key);
             match confirmed {
                 Some(at) => guards.push(self.guard(key, token.clone(), fence, ttl, at)),
                 None => whole = false,
             }
         }
-        for p in pending.iter_mut() {
-            p.disarm();
-        }
+        pending.disarm();
         if !whole {
             // Dropping the guards gives the rest back.
             drop(guards);
@@ -196,7 +210,13 @@ impl LockManager {
         loop {
             match self.attempt_set(keys, mode, ttl).await {
                 Ok(Attempt::Got(guards)) => return Ok(Some(guards)),
-                Ok(Attempt::Busy(busy)) if busy.is_empty() => {}
+                Ok(Attempt::Busy(busy)) if busy.is_empty() => {
+                    // Grants cut short by a clock step (or a set too slow
+                    // to confirm): again at once, then backing off.
+                    if attempt >= 2 {
+                        tokio::time::sleep(self.inner().cfg.retry.delay(attempt)).await;
+                    }
+                }
                 Ok(Attempt::Busy(busy)) => {
                     if let (Some(set), false) = (check, checked) {
                         set.check_limit(self).await?;
@@ -272,6 +292,19 @@ impl LockManager {
             ));
         }
         self.checked_ttl(opts)
+    }
+
+    /// Releases a guard; when the delete fails, it is tried again in the
+    /// background, so a turnstile key does not stay held for its TTL.
+    pub(crate) async fn release_or_retry(&self, guard: LockGuard) {
+        let (key, token) = (guard.key().clone(), guard.token().clone());
+        match guard.release().await {
+            Ok(()) | Err(Error::NotHeld { .. }) => {}
+            Err(e) => {
+                tracing::debug!(%key, error = %e, "release failed; retrying in the background");
+                crate::cleanup::spawn_release(self.inner(), key, token, None);
+            }
+        }
     }
 
     /// Stores the description with every guard, where the backend can.

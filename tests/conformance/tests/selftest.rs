@@ -95,7 +95,6 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
         Flaw::LateLandingAfterCancel => &[
             "cancelled_acquires_leave_no_orphan",
             "semaphore_cancelled_acquire_leaves_no_permit",
-            "lock_all_cancel_leaves_nothing",
         ],
         Flaw::RenewalIgnored => &[
             "renewal_keeps_lock_past_several_ttls",
@@ -105,6 +104,7 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
         Flaw::DeleteMissesKey => &[
             "dropped_guard_releases_key",
             "rw_cancelled_writer_leaves_nothing",
+            "lock_all_cancel_leaves_nothing",
         ],
         Flaw::MultiLeavesPartial => &[
             "cas_multi_all_takes_nothing_when_one_is_held",

@@ -178,7 +178,8 @@ pub async fn lock_all_cancel_leaves_nothing(f: Factory) -> CaseResult {
         Duration::from_millis(3),
         Duration::from_millis(3),
     ));
-    let m = manager(&slow, LONG)?;
+    // Longer than the case waits: a hold left behind cannot expire away.
+    let m = manager(&slow, Duration::from_secs(30))?;
     let names = keys("multi-cancel", 3);
     for i in 0..24u64 {
         let cut = Duration::from_micros(3_500 + i * 400);
