@@ -2,12 +2,14 @@
 //! end to end: the real binary, real processes, a real SQLite store.
 #![allow(clippy::unwrap_used)] // helpers shared by the tests below unwrap like the tests do
 
-use moltlock::BackendExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use moltlock_fixtures as fixtures;
+
+mod common;
+use common::{sqlite_url, steal};
 
 const BIN: &str = env!("CARGO_BIN_EXE_moltlock");
 
@@ -15,10 +17,6 @@ fn moltlock(url: &str) -> Command {
     let mut c = Command::new(BIN);
     c.env("MOLTLOCK_URL", url).env("NO_COLOR", "1");
     c
-}
-
-fn sqlite_url(dir: &Path) -> String {
-    format!("sqlite://{}", dir.join("locks.db").display())
 }
 
 fn key() -> String {
@@ -124,17 +122,6 @@ fn held(rows: &[serde_json::Value], keys: &[&str]) -> usize {
     rows.iter()
         .filter(|r| keys.iter().any(|k| r["key"] == *k))
         .count()
-}
-
-/// Removes a held store key, so its holder's next renewal is refused.
-fn steal(url: &str, k: &str) {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let backend = moltlock::connect(url).await.unwrap();
-        let lk: moltlock::LockKey = k.parse().unwrap();
-        let info = backend.inspect(&lk).await.unwrap().unwrap();
-        assert!(backend.delete(&lk, &info.holder).await.unwrap());
-    });
 }
 
 /// Five runs with `--permits 2`: never more than two inside at once, and

@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 
 use moltlock_fixtures as fixtures;
 
+mod common;
+use common::{sqlite_url, steal};
+
 const BIN: &str = env!("CARGO_BIN_EXE_moltlock");
 
 /// `url` with one more query parameter.
@@ -107,10 +110,6 @@ fn wait_held(url: &str, k: &str) {
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("{k} never became held");
-}
-
-fn sqlite_url(dir: &Path) -> String {
-    format!("sqlite://{}", dir.join("locks.db").display())
 }
 
 #[test]
@@ -507,17 +506,6 @@ fn sigstop_never_overlaps(cmd: &dyn Fn() -> Command, dir: &Path, ttl: &str) -> V
         .lines()
         .map(|l| l.trim().parse().unwrap())
         .collect()
-}
-
-/// Removes the key behind a running holder, so its next renewal is refused.
-fn steal(url: &str, k: &str) {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let backend = moltlock::connect(url).await.unwrap();
-        let lk: moltlock::LockKey = k.parse().unwrap();
-        let info = backend.inspect(&lk).await.unwrap().unwrap();
-        assert!(backend.delete(&lk, &info.holder).await.unwrap());
-    });
 }
 
 /// Item 2: a lost lock stops the whole group, not only the direct child:

@@ -81,3 +81,14 @@ pub enum MultiOutcome {
     /// [`MultiMode::Any`].
     Held(Vec<(usize, Held)>),
 }
+
+impl MultiOutcome {
+    /// The answer to an empty list of keys: an `All` takes every one of
+    /// them (none), an `Any` finds none free.
+    pub fn of_no_keys(mode: MultiMode) -> Self {
+        match mode {
+            MultiMode::All => Self::Acquired(Vec::new()),
+            MultiMode::Any => Self::Held(Vec::new()),
+        }
+    }
+}

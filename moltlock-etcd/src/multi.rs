@@ -45,10 +45,7 @@ impl Core {
         mode: MultiMode,
     ) -> Result<Option<MultiOutcome>, Error> {
         if keys.is_empty() {
-            return Ok(Some(match mode {
-                MultiMode::All => MultiOutcome::Acquired(Vec::new()),
-                MultiMode::Any => MultiOutcome::Held(Vec::new()),
-            }));
+            return Ok(Some(MultiOutcome::of_no_keys(mode)));
         }
         self.flush_pending().await;
         // Any of them may be written; until etcd answers, none is known.

@@ -133,10 +133,7 @@ impl CasMulti for RedisBackend {
         }
         self.check_quarantine(ttl)?;
         if keys.is_empty() {
-            return Ok(match mode {
-                MultiMode::All => MultiOutcome::Acquired(Vec::new()),
-                MultiMode::Any => MultiOutcome::Held(Vec::new()),
-            });
+            return Ok(MultiOutcome::of_no_keys(mode));
         }
         if !self.one_script(keys) {
             return self.across_slots(keys, token, ttl, mode).await;

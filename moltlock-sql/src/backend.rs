@@ -278,7 +278,7 @@ impl<D: Dialect> CasMulti for SqlBackend<D> {
         }
         multi::check_distinct(keys)?;
         if keys.is_empty() {
-            return Ok(multi::empty(mode));
+            return Ok(MultiOutcome::of_no_keys(mode));
         }
         let m = Multi {
             keys,

@@ -19,15 +19,6 @@ pub(crate) fn check_distinct(keys: &[LockKey]) -> Result<(), Error> {
     }
 }
 
-/// The outcome of a batch of no keys: all of none is taken; the first free
-/// key of none is not there.
-pub(crate) fn empty(mode: MultiMode) -> MultiOutcome {
-    match mode {
-        MultiMode::All => MultiOutcome::Acquired(Vec::new()),
-        MultiMode::Any => MultiOutcome::Held(Vec::new()),
-    }
-}
-
 /// The outcome of a batch of one key, from that key's single acquisition.
 pub(crate) fn of_one(outcome: CasOutcome) -> MultiOutcome {
     match outcome {
