@@ -243,8 +243,9 @@ fn markdown_has_every_section() {
         "### Targets",
         "| moltlock sqlite | default |",
         "### Semaphore of 2 permits next to a plain lock",
-        "| sqlite | none | 3 | semaphore(2) |",
+        "| sqlite | native | 3 | semaphore(2) |",
         "### lock_all of 4 keys",
+        "| sqlite | native | as is (cas_multi) |",
         "| sqlite | hidden | cas_multi hidden (one cas per key) |",
     ] {
         assert!(text.contains(section), "missing {section:?} in\n{text}");
