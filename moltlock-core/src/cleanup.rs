@@ -30,148 +30,41 @@ pub(crate) fn spawn_release(
     token: Token,
     late_write: Option<Duration>,
 ) {
+    spawn_deletes(inner, vec![key], token, false, late_write);
+}
+
+/// Spawns one task deleting every key of `keys` by `token` (see
+/// [`spawn_release`]); with `any`, it stops at the first key it deletes
+/// (an `Any` request takes one key at most).
+fn spawn_deletes(
+    inner: &Arc<Inner>,
+    keys: Vec<LockKey>,
+    token: Token,
+    any: bool,
+    late_write: Option<Duration>,
+) {
     let here = tokio::runtime::Handle::try_current().ok();
     let Some(handle) = here.or_else(|| inner.runtime.get().cloned()) else {
-        tracing::debug!(%key, "no runtime; the hold lives until its TTL");
+        tracing::debug!(?keys, "no runtime; the hold lives until its TTL");
         return;
     };
     let backend = inner.backend.clone();
-    let limit = inner.cfg.release_timeout + late_write.unwrap_or_default();
+    let bound = late_write.unwrap_or_default();
+    let limit = inner.cfg.release_timeout + bound;
     let ticket = crate::pending::Ticket::new();
     handle.spawn(async move {
         let _ticket = ticket;
-        let work = delete_until_gone(backend.as_ref(), &key, &token, late_write);
+        let work = delete_until_gone(backend.as_ref(), keys, &token, any, bound);
         if tokio::time::timeout(limit, work).await.is_err() {
-            tracing::debug!(%key, "best-effort release timed out");
+            tracing::debug!("best-effort release timed out");
         }
     });
 }
 
+/// Deletes each key by `token`, again at the cancelled pauses, until every
+/// key was deleted (`any`: one was) or `bound` has passed (a bound of zero:
+/// one round).
 async fn delete_until_gone(
-    backend: &dyn Backend,
-    key: &LockKey,
-    token: &Token,
-    late_write: Option<Duration>,
-) {
-    let started = tokio::time::Instant::now();
-    let mut pauses = CANCELLED_PAUSES.iter();
-    let mut pause = Duration::ZERO;
-    loop {
-        match backend.delete(key, token).await {
-            Ok(true) => return,
-            Ok(false) => {}
-            Err(e) => tracing::debug!(%key, error = %e, "best-effort release failed"),
-        }
-        let Some(bound) = late_write else { return };
-        let waited = started.elapsed();
-        if waited > bound {
-            return;
-        }
-        pause = pauses.next().copied().unwrap_or(pause);
-        // The last delete comes only after the bound has passed.
-        let pause = pause.min(bound - waited + Duration::from_millis(50));
-        tokio::time::sleep(pause).await;
-    }
-}
-
-/// Armed while an acquire request is in flight: if the acquiring future is
-/// dropped (or the attempt failed with an error after the store may have
-/// written), the token's hold is deleted in the background.
-pub(crate) struct PendingAcquire {
-    inner: Arc<Inner>,
-    key: LockKey,
-    token: Token,
-    armed: bool,
-}
-
-impl PendingAcquire {
-    pub(crate) fn new(inner: Arc<Inner>, key: &LockKey, token: &Token) -> Self {
-        Self {
-            inner,
-            key: key.clone(),
-            token: token.clone(),
-            armed: true,
-        }
-    }
-
-    pub(crate) fn disarm(&mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for PendingAcquire {
-    fn drop(&mut self) {
-        if self.armed {
-            spawn_release(
-                &self.inner,
-                self.key.clone(),
-                self.token.clone(),
-                Some(self.inner.limits.late_write),
-            );
-        }
-    }
-}
-
-/// [`PendingAcquire`] for a multi-key request: one background task deletes
-/// every key by token (an `Any` request takes at most one key, so that
-/// task stops at the first key it finds held), instead of one task a key.
-pub(crate) struct PendingSet {
-    inner: Arc<Inner>,
-    keys: Vec<LockKey>,
-    token: Token,
-    any: bool,
-    armed: bool,
-}
-
-impl PendingSet {
-    pub(crate) fn new(inner: Arc<Inner>, keys: &[LockKey], token: &Token, any: bool) -> Self {
-        Self {
-            inner,
-            keys: keys.to_vec(),
-            token: token.clone(),
-            any,
-            armed: true,
-        }
-    }
-
-    /// `key` is owned by a guard now (or known free): not ours to clean.
-    pub(crate) fn settle(&mut self, key: &LockKey) {
-        self.keys.retain(|k| k != key);
-    }
-
-    pub(crate) fn disarm(&mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for PendingSet {
-    fn drop(&mut self) {
-        if !self.armed || self.keys.is_empty() {
-            return;
-        }
-        let here = tokio::runtime::Handle::try_current().ok();
-        let Some(handle) = here.or_else(|| self.inner.runtime.get().cloned()) else {
-            tracing::debug!("no runtime; a cancelled multi-key attempt lives until its TTL");
-            return;
-        };
-        let backend = self.inner.backend.clone();
-        let bound = self.inner.limits.late_write;
-        let limit = self.inner.cfg.release_timeout + bound;
-        let (keys, token, any) = (std::mem::take(&mut self.keys), self.token.clone(), self.any);
-        let ticket = crate::pending::Ticket::new();
-        handle.spawn(async move {
-            let _ticket = ticket;
-            let work = delete_set(backend.as_ref(), keys, &token, any, bound);
-            if tokio::time::timeout(limit, work).await.is_err() {
-                tracing::debug!("cleanup of a cancelled multi-key attempt timed out");
-            }
-        });
-    }
-}
-
-/// Deletes each key by `token` at the cancelled pauses until every key was
-/// deleted (`any`: one was) or the late-write bound has passed.
-async fn delete_set(
     backend: &dyn Backend,
     mut keys: Vec<LockKey>,
     token: &Token,
@@ -200,6 +93,52 @@ async fn delete_set(
             return;
         }
         pause = pauses.next().copied().unwrap_or(pause);
+        // The last delete comes only after the bound has passed.
         tokio::time::sleep(pause.min(bound - waited + Duration::from_millis(50))).await;
+    }
+}
+
+/// Armed while an acquire request is in flight: if the acquiring future is
+/// dropped (or the attempt failed with an error after the store may have
+/// written), every key it named is deleted by its token in one background
+/// task, until the backend's late-write bound has passed. For an `Any`
+/// request the task stops at the first key it finds held: at most one is.
+pub(crate) struct PendingAcquire {
+    inner: Arc<Inner>,
+    keys: Vec<LockKey>,
+    token: Token,
+    any: bool,
+    armed: bool,
+}
+
+impl PendingAcquire {
+    pub(crate) fn new(inner: Arc<Inner>, keys: &[LockKey], token: &Token, any: bool) -> Self {
+        Self {
+            inner,
+            keys: keys.to_vec(),
+            token: token.clone(),
+            any,
+            armed: true,
+        }
+    }
+
+    /// `key` is owned by a guard now (or known free): not ours to clean.
+    pub(crate) fn settle(&mut self, key: &LockKey) {
+        self.keys.retain(|k| k != key);
+    }
+
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for PendingAcquire {
+    fn drop(&mut self) {
+        if !self.armed || self.keys.is_empty() {
+            return;
+        }
+        let keys = std::mem::take(&mut self.keys);
+        let late_write = Some(self.inner.limits.late_write);
+        spawn_deletes(&self.inner, keys, self.token.clone(), self.any, late_write);
     }
 }

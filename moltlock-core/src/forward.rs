@@ -398,9 +398,9 @@ pub trait BackendExt: Backend {
     }
 
     /// [`CasMulti::cas_multi`], or one `cas` per key
-    /// ([`cas_each`](crate::extension::cas_each)) where the backend has no
-    /// batch, the list is longer than its batch takes, or the batch cannot
-    /// take these keys together.
+    /// ([`cas_each`](crate::extension::cas_each)) for a single key, and
+    /// where the backend has no batch, the list is longer than its batch
+    /// takes, or the batch cannot take these keys together.
     async fn cas_multi(
         &self,
         keys: &[LockKey],
@@ -409,7 +409,12 @@ pub trait BackendExt: Backend {
         mode: MultiMode,
     ) -> Result<MultiOutcome, Error> {
         match self.batch_cas() {
-            Some(batch) if keys.len() <= batch.max_keys() && batch.takes_together(keys) => {
+            // One key needs no batch: the store's `cas` is atomic.
+            Some(batch)
+                if keys.len() > 1
+                    && keys.len() <= batch.max_keys()
+                    && batch.takes_together(keys) =>
+            {
                 batch.cas_multi(keys, token, ttl, mode).await
             }
             _ => crate::batch::cas_each(self, keys, token, ttl, mode).await,

@@ -14,12 +14,9 @@ use crate::hold::{Grant, Hold};
 use crate::options::LockOptions;
 use crate::registry::{Config, Inner, LostEvent};
 use crate::{
-    check_ttl, metrics, Backend, CasOutcome, Error, Held, LockKey, ReleaseWatch, RetryPolicy, Token,
+    check_ttl, metrics, Backend, CasOutcome, Error, LockKey, MultiMode, ReleaseWatch, RetryPolicy,
+    Token,
 };
-
-/// How many times in a row an acquire retries at once after the store
-/// answered with the caller's own hold, before it backs off as usual.
-const SELF_HELD_RETRIES: u32 = 3;
 
 /// Builds a [`LockManager`]. Defaults: TTL 30 s, renewal every TTL/3, clock
 /// drift allowance 2 %, exponential backoff with jitter (10 ms to 1 s),
@@ -264,62 +261,17 @@ impl LockManager {
         if opts.fair {
             return self.acquire_fair(key, ttl).await.map(Some);
         }
-        let backend = &self.inner.backend;
-        // Subscribe before the first attempt, so a release between a failed
-        // attempt and the wait is never missed and a busy key costs no extra
-        // round trip. Backends register watches locally (the store-side
-        // subscription is shared per backend), so this is cheap.
-        let mut watch = if opts.no_wait {
-            None
-        } else {
-            self.open_watch(key).await
-        };
-        let mut attempt = 0u32;
-        loop {
-            let token = Token::random();
-            let mut pending = PendingAcquire::new(self.inner.clone(), key, &token);
-            let sent_at = Instant::now();
-            match backend.cas(key, None, &token, ttl).await {
-                Ok(CasOutcome::Acquired { fence }) => {
-                    // A clock step seen meanwhile may have cut the grant short.
-                    let Some(sent_at) = self.confirm_late_grant(key, &token, ttl, sent_at).await?
-                    else {
-                        pending.disarm();
-                        continue;
-                    };
-                    pending.disarm();
-                    tracing::debug!(%key, %fence, waited = ?started.elapsed(), "lock acquired");
-                    return Ok(Some(self.guard(key, token, fence, ttl, sent_at)));
-                }
-                Ok(CasOutcome::Held(held)) if held.holder.as_ref() == Some(&token) => {
-                    // Our own request applied twice (a client that re-sent it
-                    // after a lost reply): the hold is ours, but its fence is
-                    // unknown. Give it back and try again at once.
-                    tracing::debug!(%key, "the store answered with our own hold; retrying");
-                    if backend.delete(key, &token).await.is_ok() {
-                        pending.disarm();
-                    }
-                    drop(pending);
-                    if attempt >= SELF_HELD_RETRIES {
-                        self.pause(&mut watch, &held, attempt).await;
-                    }
-                }
-                Ok(CasOutcome::Held(held)) => {
-                    pending.disarm();
-                    if opts.no_wait {
-                        return Ok(None);
-                    }
-                    self.pause(&mut watch, &held, attempt).await;
-                }
-                Err(e) if e.is_retryable() && !opts.no_wait => {
-                    tracing::debug!(%key, error = %e, "acquire attempt failed; retrying");
-                    drop(pending);
-                    tokio::time::sleep(self.inner.cfg.retry.delay(attempt)).await;
-                }
-                Err(e) => return Err(e),
-            }
-            attempt = attempt.saturating_add(1);
+        // One key is a set of one: the same attempt, wait and cleanup as
+        // the primitives' (a set of one key goes to the store as one `cas`).
+        let keys = std::slice::from_ref(key);
+        let got = self
+            .acquire_set(keys, MultiMode::All, ttl, opts.no_wait, None)
+            .await?;
+        let guard = got.and_then(|mut g| g.pop());
+        if let Some(g) = &guard {
+            tracing::debug!(%key, fence = %g.fence(), waited = ?started.elapsed(), "lock acquired");
         }
+        Ok(guard)
     }
 
     async fn acquire_fair(&self, key: &LockKey, ttl: Duration) -> Result<LockGuard, Error> {
@@ -327,7 +279,8 @@ impl LockManager {
         let queue = crate::forward::require(backend.name(), backend.fair_queue(), "fair queue")?;
         loop {
             let token = Token::random();
-            let mut pending = PendingAcquire::new(self.inner.clone(), key, &token);
+            let keys = std::slice::from_ref(key);
+            let mut pending = PendingAcquire::new(self.inner.clone(), keys, &token, false);
             // The store may start the TTL at any point of the call, so the
             // validity deadline counts from before it, as on every path.
             let sent_at = Instant::now();
@@ -377,25 +330,6 @@ impl LockManager {
                 tracing::debug!(%key, error = %e, "no release watch; polling instead");
                 None
             }
-        }
-    }
-
-    /// Sleeps until a release notification, the holder's expiry, or the retry delay.
-    async fn pause(&self, watch: &mut Option<Box<dyn ReleaseWatch>>, held: &Held, attempt: u32) {
-        let mut delay = self.inner.cfg.retry.delay(attempt);
-        if let Some(left) = held.expires_in {
-            delay = delay.min(left + Duration::from_millis(1));
-        }
-        let Some(w) = watch.as_mut() else {
-            tokio::time::sleep(delay).await;
-            return;
-        };
-        tokio::select! {
-            r = w.released(held) => if let Err(e) = r {
-                tracing::debug!(error = %e, "release watch failed; polling instead");
-                *watch = None;
-            },
-            _ = tokio::time::sleep(delay) => {}
         }
     }
 

@@ -208,7 +208,7 @@ impl RwLock {
                     Some(g) => return Ok(Some(self.slot_guard(g))),
                     None => continue,
                 },
-                Attempt::Busy(busy) => busy,
+                Attempt::Busy(busy) | Attempt::Own(busy) => busy,
             };
             if !checked {
                 self.readers.check_limit(&self.mgr).await?;
@@ -244,7 +244,7 @@ impl RwLock {
                 Some(g) => Pass::Held(g),
                 None => Pass::Writer(Held::default()),
             },
-            Attempt::Busy(mut busy) => match busy.pop() {
+            Attempt::Busy(mut busy) | Attempt::Own(mut busy) => match busy.pop() {
                 Some((_, held)) if is_pass(&held) => Pass::Reader,
                 Some((_, held)) => Pass::Writer(held),
                 None => Pass::Writer(Held::default()),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::cleanup::PendingSet;
+use crate::cleanup::PendingAcquire;
 use crate::guard::LockGuard;
 use crate::manager::LockManager;
 use crate::options::LockOptions;
@@ -19,6 +19,10 @@ use crate::{BackendExt, Error, Held, LockKey, MultiMode, MultiOutcome, ReleaseWa
 /// Waiters on more keys than this poll instead of watching each key.
 const WATCH_LIMIT: usize = 16;
 
+/// How many times in a row an acquire retries at once after the store
+/// answered with the caller's own hold, before it backs off as usual.
+const SELF_HELD_RETRIES: u32 = 3;
+
 /// What one attempt at a set of keys saw.
 pub(crate) enum Attempt {
     /// The holds taken, in the order of the keys given.
@@ -26,6 +30,10 @@ pub(crate) enum Attempt {
     /// Nothing is held; the busy keys as (index, what was seen). Empty when
     /// a grant expired before it was confirmed (try again at once).
     Busy(Vec<(usize, Held)>),
+    /// The store answered with our own hold (our request applied twice, by
+    /// a client that re-sent it after a lost reply): its fence is unknown,
+    /// so every key was given back. Worth trying again at once.
+    Own(Vec<(usize, Held)>),
 }
 
 type Watches = Vec<Option<Box<dyn ReleaseWatch>>>;
@@ -124,16 +132,17 @@ impl LockManager {
     ) -> Result<Attempt, Error> {
         let inner = self.inner();
         let any = mode == MultiMode::Any;
-        let mut pending = PendingSet::new(inner.clone(), keys, &token, any);
+        let mut pending = PendingAcquire::new(inner.clone(), keys, &token, any);
         let sent_at = Instant::now();
         let outcome = inner.backend.cas_multi(keys, &token, ttl, mode).await?;
         match outcome {
             MultiOutcome::Held(busy) => {
                 if busy.iter().any(|(_, h)| h.holder.as_ref() == Some(&token)) {
+                    tracing::debug!("the store answered with our own hold; giving it back");
                     self.give_back_all(keys, &token, &mut pending).await;
-                } else {
-                    pending.disarm();
+                    return Ok(Attempt::Own(busy));
                 }
+                pending.disarm();
                 Ok(Attempt::Busy(busy))
             }
             MultiOutcome::Acquired(taken) => {
@@ -147,7 +156,7 @@ impl LockManager {
     /// The store reported a key held by our own token (a request applied
     /// twice): every key is deleted by the token, and a key whose delete
     /// failed is left to the cleanup.
-    async fn give_back_all(&self, keys: &[LockKey], token: &Token, pending: &mut PendingSet) {
+    async fn give_back_all(&self, keys: &[LockKey], token: &Token, pending: &mut PendingAcquire) {
         for key in keys {
             if self.inner().backend.delete(key, token).await.is_ok() {
                 pending.settle(key);
@@ -164,7 +173,7 @@ impl LockManager {
         ttl: Duration,
         sent_at: Instant,
         taken: Vec<(usize, crate::Fence)>,
-        mut pending: PendingSet,
+        mut pending: PendingAcquire,
     ) -> Result<Attempt, Error> {
         let mut guards = Vec::with_capacity(taken.len());
         let mut whole = true;
@@ -217,7 +226,8 @@ impl LockManager {
                         tokio::time::sleep(self.inner().cfg.retry.delay(attempt)).await;
                     }
                 }
-                Ok(Attempt::Busy(busy)) => {
+                Ok(Attempt::Own(_)) if attempt < SELF_HELD_RETRIES => {}
+                Ok(Attempt::Busy(busy) | Attempt::Own(busy)) => {
                     if let (Some(set), false) = (check, checked) {
                         set.check_limit(self).await?;
                         checked = true;
