@@ -16,6 +16,9 @@ pub enum LostReason {
     Deadline,
     /// The backend's session (for example an etcd lease) ended.
     Session(String),
+    /// Its owner released the hold: what a [`LostToken`](crate::LostToken)
+    /// (or a scoped lock's handle) reports once its guard is gone.
+    Released,
 }
 
 impl fmt::Display for LostReason {
@@ -24,6 +27,7 @@ impl fmt::Display for LostReason {
             Self::Refused => f.write_str("the store refused a renewal (the key is no longer ours)"),
             Self::Deadline => f.write_str("no renewal was confirmed before the validity deadline"),
             Self::Session(why) => write!(f, "the backend session ended: {why}"),
+            Self::Released => f.write_str("the owner released the lock"),
         }
     }
 }

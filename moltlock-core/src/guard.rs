@@ -5,15 +5,34 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::cleanup::spawn_release;
 use crate::hold::Hold;
 use crate::registry::Inner;
-use crate::{Error, Fence, LockKey, LostReason, Token};
+use crate::{Error, Fence, LockKey, LostReason, LostToken, Token};
 
 /// Proof of a hold. The lock is renewed while the guard lives; release it with
 /// [`release`](Self::release), or drop it for a best-effort release in the
-/// background.
+/// background. A guard dropped on a thread with no tokio runtime is
+/// released on the runtime its manager first acquired on (so its key is
+/// free at once, not at its TTL); once that runtime is gone too, the hold
+/// lives until its TTL.
+///
+/// # Acting on a loss
+/// A hold can be lost while its guard lives (a renewal refused, or no
+/// renewal confirmed before the local validity deadline). The usual ways
+/// to stop writing in time:
+///
+/// - race the work against the loss: `tokio::select! { r = guard.lost() => …, v = work(guard.fence()) => … }`,
+///   or let [`LockManager::with_lock_until_lost`](crate::LockManager::with_lock_until_lost)
+///   do it;
+/// - hand [`lost_token`](Self::lost_token) to another task (it is
+///   `Clone + 'static`) that stops a worker or a stream when it resolves;
+/// - call [`check`](Self::check) right before each write and send the fence
+///   with it, so the resource refuses a late write
+///   (`UPDATE … WHERE last_fence < $fence`) even when the loss was not
+///   seen in time.
 #[must_use = "dropping the guard releases the lock at once"]
 #[clippy::has_significant_drop]
 pub struct LockGuard {
@@ -99,21 +118,15 @@ impl LockGuard {
     /// # Cancel safety
     /// Cancel safe: it only observes; call it again to keep waiting.
     pub async fn lost(&self) -> LostReason {
-        let mut rx = self.hold.state.subscribe();
-        loop {
-            let s = rx.borrow_and_update().clone();
-            if let Some(reason) = s.lost {
-                return reason;
-            }
-            tokio::select! {
-                changed = rx.changed() => if changed.is_err() {
-                    return LostReason::Deadline;
-                },
-                _ = tokio::time::sleep_until(s.valid_until) => {
-                    self.inner.finish(&self.hold, LostReason::Deadline);
-                }
-            }
-        }
+        crate::lost::wait_lost(&self.inner, &self.hold).await
+    }
+
+    /// A cloneable, `'static` handle on this hold's lost signal (with its
+    /// key and fence), to move into a task that must stop when the lock is
+    /// lost. It does not keep the lock: once the guard is released or
+    /// dropped, the handle reports [`LostReason::Released`].
+    pub fn lost_token(&self) -> LostToken {
+        LostToken::new(self.inner.clone(), self.hold.clone())
     }
 
     /// Stops renewal and deletes the hold (owner-checked).
@@ -130,10 +143,17 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), Error> {
         self.released = true;
         self.inner.release(&self.hold);
+        let span = tracing::debug_span!(
+            "moltlock.release",
+            key = %self.hold.key,
+            backend = self.inner.backend.name(),
+            fence = self.hold.fence.0,
+        );
         let deleted = self
             .inner
             .backend
             .delete(&self.hold.key, &self.hold.token)
+            .instrument(span)
             .await?;
         tracing::debug!(key = %self.hold.key, deleted, "lock released");
         if deleted {

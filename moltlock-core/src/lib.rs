@@ -27,6 +27,7 @@
 
 mod backend;
 mod batch;
+pub mod blocking;
 mod cleanup;
 mod clock;
 mod duration;
@@ -37,6 +38,7 @@ mod forward;
 mod guard;
 mod guards;
 mod hold;
+mod lost;
 mod manager;
 mod memory;
 pub mod metrics;
@@ -50,6 +52,7 @@ mod registry;
 mod renew;
 mod retry;
 mod rwlock;
+mod scoped;
 mod semaphore;
 mod sets;
 mod slots;
@@ -67,6 +70,7 @@ pub use features::{
 pub use forward::{BackendExt, Forward};
 pub use guard::LockGuard;
 pub use guards::{MultiGuard, Permit, ReadGuard, SlotGuard, WriteGuard};
+pub use lost::LostToken;
 pub use manager::{LockManager, LockManagerBuilder};
 pub use memory::MemoryBackend;
 pub use migrate::{MigratingBackend, Phase};
@@ -77,6 +81,7 @@ pub use redact::{redact, Secret};
 pub use registry::LostEvent;
 pub use retry::RetryPolicy;
 pub use rwlock::{RwLock, RwOptions};
+pub use scoped::{Busy, TryAcquire};
 pub use semaphore::Semaphore;
 pub use slots::MAX_PERMITS;
 pub use types::{

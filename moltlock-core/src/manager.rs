@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::cleanup::PendingAcquire;
 use crate::guard::LockGuard;
@@ -137,6 +138,10 @@ impl LockManager {
 
     /// Waits until `key` is acquired.
     ///
+    /// Locks are not reentrant: a second `lock` of a key this manager (or
+    /// this very task) already holds waits like any other caller, until the
+    /// first guard is released or lost.
+    ///
     /// # Cancel safety
     /// Dropping the future at any point leaves no hold behind that nobody
     /// can release. If it is dropped while an acquire request is in flight,
@@ -187,6 +192,29 @@ impl LockManager {
     ) -> Result<Option<LockGuard>, Error> {
         let key = self.user_key(key.as_ref(), 0)?;
         let ttl = self.checked_ttl(&opts)?;
+        let span = tracing::debug_span!(
+            "moltlock.acquire",
+            %key,
+            backend = self.inner.backend.name(),
+            ttl = ?ttl,
+            fence = tracing::field::Empty,
+        );
+        let got = self
+            .acquire_key(key, ttl, opts)
+            .instrument(span.clone())
+            .await;
+        if let Ok(Some(guard)) = &got {
+            span.record("fence", guard.fence().0);
+        }
+        got
+    }
+
+    async fn acquire_key(
+        &self,
+        key: LockKey,
+        ttl: Duration,
+        opts: LockOptions,
+    ) -> Result<Option<LockGuard>, Error> {
         let started = Instant::now();
         let fut = self.acquire_loop(&key, ttl, &opts, started);
         let outcome = match opts.timeout {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::hold::Hold;
 use crate::registry::Inner;
@@ -72,7 +73,16 @@ fn round(inner: &Arc<Inner>) -> Option<Instant> {
 
 /// Renews one batch, then tells the driver to look again.
 async fn renew_batch(inner: Arc<Inner>, due: Vec<Arc<Hold>>) {
-    renew(&inner, &due).await;
+    let span = tracing::debug_span!(
+        "moltlock.renew",
+        backend = inner.backend.name(),
+        holds = due.len(),
+        key = tracing::field::Empty,
+    );
+    if let [one] = due.as_slice() {
+        span.record("key", tracing::field::display(&one.key));
+    }
+    renew(&inner, &due).instrument(span).await;
     for hold in &due {
         hold.set_renewing(false);
     }

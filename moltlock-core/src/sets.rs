@@ -9,6 +9,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::cleanup::PendingAcquire;
 use crate::guard::LockGuard;
@@ -282,9 +283,10 @@ impl LockManager {
             };
             waits.push(Box::pin(async move { (i, w.released(held).await) }));
         }
+        let span = tracing::debug_span!("moltlock.wait", keys = busy.len(), attempt, ?delay);
         let failed = tokio::select! {
-            (i, r) = first_of(waits) => r.err().map(|e| (i, e)),
-            _ = tokio::time::sleep(delay) => None,
+            (i, r) = first_of(waits).instrument(span.clone()) => r.err().map(|e| (i, e)),
+            _ = tokio::time::sleep(delay).instrument(span) => None,
         };
         if let Some((i, e)) = failed {
             tracing::debug!(error = %e, "release watch failed; polling instead");

@@ -319,3 +319,30 @@ mod tests {
         }
     }
 }
+
+/// The blocking API for callers without an async runtime (see
+/// [`moltlock_core::blocking`]), with [`blocking::manager`] to open any
+/// store by URL.
+///
+/// ```no_run
+/// # fn main() -> Result<(), moltlock::Error> {
+/// let manager = moltlock::blocking::manager("sqlite:///var/lib/app/locks.db")?;
+/// let guard = manager.lock("jobs/nightly")?;   // blocks this thread
+/// // ... work, passing guard.fence() with every write ...
+/// guard.release()?;
+/// # Ok(()) }
+/// ```
+pub mod blocking {
+    pub use moltlock_core::blocking::*;
+
+    /// A blocking manager with default settings over the store `url` names
+    /// (as [`crate::manager`]), on a runtime of its own.
+    ///
+    /// # Errors
+    /// As [`crate::manager`]; [`crate::Error::Config`] inside an async
+    /// runtime.
+    pub fn manager(url: &str) -> Result<LockManager, crate::Error> {
+        let url = url.to_owned();
+        LockManager::start(async move { crate::manager(&url).await })
+    }
+}
