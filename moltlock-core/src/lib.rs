@@ -29,7 +29,7 @@ mod backend;
 mod batch;
 mod cleanup;
 mod clock;
-mod duration;
+pub mod duration;
 mod error;
 mod events;
 mod features;
@@ -52,6 +52,7 @@ mod retry;
 mod rwlock;
 mod semaphore;
 mod sets;
+mod settings;
 mod slots;
 mod types;
 
@@ -78,6 +79,7 @@ pub use registry::LostEvent;
 pub use retry::RetryPolicy;
 pub use rwlock::{RwLock, RwOptions};
 pub use semaphore::Semaphore;
+pub use settings::ManagerConfig;
 pub use slots::MAX_PERMITS;
 pub use types::{
     check_description, check_ttl, Fence, LockKey, Token, DERIVED_ROOM, MAX_DESCRIPTION_LEN,

@@ -33,6 +33,9 @@ use std::sync::Arc;
 
 pub use moltlock_core::*;
 
+mod store_config;
+pub use store_config::StoreConfig;
+
 #[cfg(feature = "etcd")]
 pub use moltlock_etcd as etcd;
 #[cfg(feature = "redis")]
