@@ -73,6 +73,7 @@ impl StoreConfig {
     /// # Errors
     /// As [`connect`](crate::connect), and [`ManagerConfig::check`].
     pub async fn builder(&self) -> Result<LockManagerBuilder, Error> {
+        // Settings a config file got wrong fail before any connection is made.
         self.manager.check()?;
         self.manager.builder(self.connect().await?)
     }
