@@ -38,9 +38,61 @@ pub fn parse_duration(name: &str, text: &str) -> Result<Duration, Error> {
 }
 
 fn bad(name: &str, text: &str) -> Error {
-    Error::Config(format!(
-        "{name}={text:?} is not a duration: write a whole number and a unit, e.g. 250ms, 5s, 2m or 1h"
-    ))
+    Error::Config(format!("{name}={}", not_a_duration(text)))
+}
+
+/// Why `text` was refused, without the option's name.
+fn not_a_duration(text: &str) -> String {
+    format!("{text:?} is not a duration: write a whole number and a unit, e.g. 250ms, 5s, 2m or 1h")
+}
+
+/// Reads a duration written as [`parse_duration`] reads it (`"250ms"`,
+/// `"5s"`, `"2m"`, `"1h"`) from any serde format, for
+/// `#[serde(deserialize_with = "moltlock_core::duration::deserialize")]` on
+/// a `Duration` field of an application's own settings.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// #[derive(serde::Deserialize)]
+/// struct Job {
+///     #[serde(deserialize_with = "moltlock_core::duration::deserialize")]
+///     every: Duration,
+/// }
+/// let job: Job = serde_json::from_str(r#"{"every": "2m"}"#).unwrap();
+/// assert_eq!(job.every, Duration::from_secs(120));
+/// assert!(serde_json::from_str::<Job>(r#"{"every": "2 minutes"}"#).is_err());
+/// ```
+///
+/// # Errors
+/// The format's error, saying what a duration looks like, for anything
+/// but such a string.
+#[cfg(feature = "serde")]
+pub fn deserialize<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Duration, D::Error> {
+    struct Text;
+    impl serde::de::Visitor<'_> for Text {
+        type Value = Duration;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a duration such as \"250ms\", \"5s\", \"2m\" or \"1h\"")
+        }
+        fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Duration, E> {
+            parse_duration("duration", text).map_err(|_| E::custom(not_a_duration(text)))
+        }
+    }
+    de.deserialize_str(Text)
+}
+
+/// [`deserialize`] for an `Option<Duration>` field: with
+/// `#[serde(default, deserialize_with = "moltlock_core::duration::deserialize_option")]`
+/// a missing field is `None` and a present one must be a duration.
+///
+/// # Errors
+/// As [`deserialize`].
+#[cfg(feature = "serde")]
+pub fn deserialize_option<'de, D: serde::Deserializer<'de>>(
+    de: D,
+) -> Result<Option<Duration>, D::Error> {
+    deserialize(de).map(Some)
 }
 
 #[cfg(test)]

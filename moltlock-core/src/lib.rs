@@ -30,7 +30,7 @@ mod batch;
 pub mod blocking;
 mod cleanup;
 mod clock;
-mod duration;
+pub mod duration;
 mod error;
 mod events;
 mod features;
@@ -55,6 +55,7 @@ mod rwlock;
 mod scoped;
 mod semaphore;
 mod sets;
+mod settings;
 mod slots;
 mod types;
 
@@ -83,6 +84,7 @@ pub use retry::RetryPolicy;
 pub use rwlock::{RwLock, RwOptions};
 pub use scoped::{Busy, TryAcquire};
 pub use semaphore::Semaphore;
+pub use settings::ManagerConfig;
 pub use slots::MAX_PERMITS;
 pub use types::{
     check_description, check_ttl, Fence, LockKey, Token, DERIVED_ROOM, MAX_DESCRIPTION_LEN,

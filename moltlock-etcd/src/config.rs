@@ -83,7 +83,24 @@ impl fmt::Debug for TlsSettings {
 ///     .auth("app", "s3cret");
 /// assert!(!format!("{config:?}").contains("s3cret"));
 /// ```
+///
+/// With the `serde` feature it is `serde::Deserialize`, so a config file
+/// can give it: `url` (or `endpoints`, a list of `host:port`), `key_prefix`
+/// and the options of the URL's query by the same names (`session_ttl`,
+/// `connect_timeout`, `request_timeout` written `"250ms"`, `"5s"`, `"2m"`;
+/// `ca`, `cert`, `key` as PEM file paths; `domain`), plus `max_txn_ops`,
+/// each optional. A field given beside a `url` replaces the URL's setting
+/// of that name; an unknown field is refused. In TOML:
+///
+/// ```toml
+/// endpoints = ["10.0.0.7:2379", "10.0.0.8:2379"]
+/// key_prefix = "/jobs/locks"
+/// request_timeout = "2s"
+/// ca = "/etc/ssl/etcd-ca.pem"
+/// ```
 #[derive(Clone, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(try_from = "raw::Etcd"))]
 pub struct EtcdConfig {
     pub(crate) endpoints: Vec<String>,
     pub(crate) key_prefix: String,
@@ -269,10 +286,148 @@ impl EtcdConfig {
     }
 }
 
+/// The shape of [`EtcdConfig`] in a config file, checked by `TryFrom`.
+#[cfg(feature = "serde")]
+mod raw {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use moltlock_core::duration::deserialize_option as duration;
+    use moltlock_core::Error;
+
+    use super::EtcdConfig;
+
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Etcd {
+        #[serde(default)]
+        url: Option<String>,
+        #[serde(default)]
+        endpoints: Option<Vec<String>>,
+        #[serde(default)]
+        key_prefix: Option<String>,
+        #[serde(default, deserialize_with = "duration")]
+        session_ttl: Option<Duration>,
+        #[serde(default, deserialize_with = "duration")]
+        connect_timeout: Option<Duration>,
+        #[serde(default, deserialize_with = "duration")]
+        request_timeout: Option<Duration>,
+        #[serde(default)]
+        ca: Option<PathBuf>,
+        #[serde(default)]
+        cert: Option<PathBuf>,
+        #[serde(default)]
+        key: Option<PathBuf>,
+        #[serde(default)]
+        domain: Option<String>,
+        #[serde(default)]
+        max_txn_ops: Option<usize>,
+    }
+
+    impl TryFrom<Etcd> for EtcdConfig {
+        type Error = Error;
+
+        fn try_from(raw: Etcd) -> Result<Self, Error> {
+            let mut cfg = match (&raw.url, raw.endpoints) {
+                (Some(_), Some(_)) => {
+                    return Err(Error::Config(
+                        "etcd: give either url or endpoints, not both".into(),
+                    ))
+                }
+                (Some(url), None) => EtcdConfig::from_url(url)?,
+                (None, Some(endpoints)) => EtcdConfig::new(endpoints),
+                (None, None) => EtcdConfig::default(),
+            };
+            if let Some(prefix) = raw.key_prefix {
+                cfg = cfg.key_prefix(prefix);
+            }
+            if let Some(ttl) = raw.session_ttl {
+                cfg = cfg.session_ttl(ttl);
+            }
+            if let Some(timeout) = raw.connect_timeout {
+                cfg = cfg.connect_timeout(timeout);
+            }
+            if let Some(timeout) = raw.request_timeout {
+                cfg = cfg.request_timeout(timeout);
+            }
+            if let Some(ca) = raw.ca {
+                cfg = cfg.tls_ca_file(ca);
+            }
+            match (raw.cert, raw.key) {
+                (Some(cert), Some(key)) => cfg = cfg.tls_client_files(cert, key),
+                (None, None) => {}
+                _ => {
+                    return Err(Error::Config(
+                        "etcd: cert and key must be given together".into(),
+                    ))
+                }
+            }
+            if let Some(domain) = raw.domain {
+                cfg = cfg.tls_domain(domain);
+            }
+            if let Some(ops) = raw.max_txn_ops {
+                cfg = cfg.max_txn_ops(ops);
+            }
+            if cfg.endpoints.iter().any(|e| e.trim().is_empty()) {
+                return Err(Error::Config("etcd: an endpoint is empty".into()));
+            }
+            cfg.validate_session()?;
+            Ok(cfg)
+        }
+    }
+}
+
 /// Adds a trailing `/` to a prefix that lacks one.
 pub(crate) fn normalize_prefix(mut prefix: String) -> String {
     if !prefix.ends_with('/') {
         prefix.push('/');
     }
     prefix
+}
+
+#[cfg(all(test, feature = "serde"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_from_a_config_file() -> Result<(), serde_json::Error> {
+        let cfg: EtcdConfig = serde_json::from_str(
+            r#"{"url": "etcd://u:pw@127.0.0.1:2379,127.0.0.1:22379/from_url?request_timeout=9s",
+                "key_prefix": "/jobs", "session_ttl": "10s", "connect_timeout": "250ms",
+                "max_txn_ops": 64}"#,
+        )?;
+        assert_eq!(cfg.endpoints(), ["127.0.0.1:2379", "127.0.0.1:22379"]);
+        assert_eq!(cfg.user(), Some("u"));
+        assert_eq!(cfg.key_prefix, "/jobs/");
+        assert_eq!(cfg.session_ttl, Duration::from_secs(10));
+        assert_eq!(cfg.connect_timeout, Duration::from_millis(250));
+        assert_eq!(cfg.request_timeout, Duration::from_secs(9));
+        assert_eq!(cfg.max_txn_ops, 64);
+        assert!(!cfg.uses_tls());
+        let cfg: EtcdConfig = serde_json::from_str(
+            r#"{"endpoints": ["10.0.0.7:2379"], "ca": "/ca.pem", "cert": "/c.pem",
+                "key": "/k.pem", "domain": "etcd.internal"}"#,
+        )?;
+        assert_eq!(cfg.endpoints(), ["10.0.0.7:2379"]);
+        assert!(cfg.uses_tls());
+        assert_eq!(cfg.key_prefix, DEFAULT_PREFIX);
+        let cfg: EtcdConfig = serde_json::from_str("{}")?;
+        assert!(cfg.endpoints().is_empty());
+        for (json, says) in [
+            (r#"{"session_ttl": "10"}"#, "\"10\" is not a duration"),
+            (r#"{"session_ttl": "1s"}"#, "session TTL"),
+            (r#"{"url": "etcd://h:1", "endpoints": ["h:1"]}"#, "not both"),
+            (r#"{"cert": "/c.pem"}"#, "cert and key"),
+            (r#"{"endpoints": [" "]}"#, "endpoint is empty"),
+            (r#"{"url": "etcd://host"}"#, "host:port"),
+            (r#"{"prefix": "/x"}"#, "unknown field `prefix`"),
+        ] {
+            let err = match serde_json::from_str::<EtcdConfig>(json) {
+                Ok(cfg) => panic!("{json} gave {cfg:?}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains(says), "{json}: {err}");
+        }
+        Ok(())
+    }
 }

@@ -117,3 +117,10 @@ pub use backend::EtcdBackend;
 pub use config::{
     EtcdConfig, Pem, TlsSettings, DEFAULT_MAX_TXN_OPS, DEFAULT_PREFIX, MIN_SESSION_TTL,
 };
+/// The etcd client library this backend is built on, for
+/// [`EtcdBackend::from_client`] and administration beside the locks.
+pub use etcd_client;
+/// The etcd client [`EtcdBackend::from_client`] takes (the same type as
+/// [`etcd_client::Client`]), so an application needs no etcd-client
+/// dependency of its own.
+pub use etcd_client::Client;

@@ -49,7 +49,23 @@ impl fmt::Debug for TlsFiles {
 /// Make one with [`RedisConfig::new`] and its setters, or
 /// [`RedisConfig::from_url`]. The
 /// password is held as a [`Secret`] and never appears in `Debug` output.
+///
+/// With the `serde` feature it is `serde::Deserialize`, so a config file
+/// can give it: `url` and the options of the URL's query by the same names
+/// (durations written `"250ms"`, `"5s"`, `"2m"`; `node` a list of
+/// `"host:port"` seeds), each optional. A field given beside a `url`
+/// replaces the URL's parameter of that name (`node` adds to its seeds);
+/// an unknown field is refused. In TOML:
+///
+/// ```toml
+/// url = "redis+cluster://10.0.0.5:7000"
+/// node = ["10.0.0.6:7000", "10.0.0.7:7000"]
+/// key_prefix = "jobs:"
+/// restart_quarantine = "60s"
+/// ```
 #[derive(Clone, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(try_from = "raw::Redis"))]
 pub struct RedisConfig {
     pub(crate) mode: Mode,
     pub(crate) tls: bool,
@@ -275,17 +291,20 @@ impl RedisConfig {
             "request_timeout" => Ok(self.request_timeout(parse_duration(name, value)?)),
             "fence_retention" => Ok(self.fence_retention(parse_duration(name, value)?)),
             "restart_quarantine" => Ok(self.restart_quarantine(parse_duration(name, value)?)),
-            "node" => {
-                let (host, port) = value
-                    .rsplit_once(':')
-                    .ok_or_else(|| bad(format!("node {value:?} is not host:port")))?;
-                let port = port
-                    .parse()
-                    .map_err(|_| bad(format!("node {value:?} has a bad port")))?;
-                Ok(self.node(host, port))
-            }
+            "node" => self.url_node(value),
             other => Err(bad(format!("unknown URL parameter {other:?}"))),
         }
+    }
+
+    /// Adds the seed node `host:port`.
+    fn url_node(self, value: &str) -> Result<Self, Error> {
+        let (host, port) = value
+            .rsplit_once(':')
+            .ok_or_else(|| bad(format!("node {value:?} is not host:port")))?;
+        let port = port
+            .parse()
+            .map_err(|_| bad(format!("node {value:?} has a bad port")))?;
+        Ok(self.node(host, port))
     }
 
     /// Checks the settings: [`Error::Config`] for a prefix with `{`, `}`
@@ -320,6 +339,68 @@ impl RedisConfig {
             return Err(bad("the database must be >= 0, and 0 in cluster mode"));
         }
         Ok(())
+    }
+}
+
+/// The shape of [`RedisConfig`] in a config file: `url` and the URL's
+/// query options by the same names, each optional.
+#[cfg(feature = "serde")]
+mod raw {
+    use std::time::Duration;
+
+    use moltlock_core::duration::deserialize_option as duration;
+    use moltlock_core::Error;
+
+    use super::RedisConfig;
+
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Redis {
+        #[serde(default)]
+        url: Option<String>,
+        #[serde(default, alias = "prefix")]
+        key_prefix: Option<String>,
+        #[serde(default, deserialize_with = "duration")]
+        connect_timeout: Option<Duration>,
+        #[serde(default, deserialize_with = "duration")]
+        request_timeout: Option<Duration>,
+        #[serde(default, deserialize_with = "duration")]
+        fence_retention: Option<Duration>,
+        #[serde(default, deserialize_with = "duration")]
+        restart_quarantine: Option<Duration>,
+        #[serde(default)]
+        node: Vec<String>,
+    }
+
+    impl TryFrom<Redis> for RedisConfig {
+        type Error = Error;
+
+        fn try_from(raw: Redis) -> Result<Self, Error> {
+            let mut cfg = match &raw.url {
+                Some(url) => RedisConfig::new().apply_url(url)?,
+                None => RedisConfig::new(),
+            };
+            if let Some(prefix) = raw.key_prefix {
+                cfg = cfg.key_prefix(prefix);
+            }
+            if let Some(timeout) = raw.connect_timeout {
+                cfg = cfg.connect_timeout(timeout);
+            }
+            if let Some(timeout) = raw.request_timeout {
+                cfg = cfg.request_timeout(timeout);
+            }
+            if let Some(retention) = raw.fence_retention {
+                cfg = cfg.fence_retention(retention);
+            }
+            if let Some(quarantine) = raw.restart_quarantine {
+                cfg = cfg.restart_quarantine(quarantine);
+            }
+            for node in &raw.node {
+                cfg = cfg.url_node(node)?;
+            }
+            cfg.check()?;
+            Ok(cfg)
+        }
     }
 }
 
@@ -391,6 +472,44 @@ mod tests {
         let cfg = RedisConfig::from_url("redis+cluster://127.0.0.1:7000/?node=127.0.0.1:7001")?;
         assert_eq!(cfg.mode, Mode::Cluster);
         assert_eq!(cfg.nodes.len(), 2);
+        Ok(())
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn settings_from_a_config_file() -> Result<(), serde_json::Error> {
+        let cfg: RedisConfig = serde_json::from_str(
+            r#"{"url": "redis+cluster://u:pw@127.0.0.1:7000?key_prefix=url:",
+                "node": ["127.0.0.1:7001", "127.0.0.1:7002"], "key_prefix": "app:",
+                "connect_timeout": "2s", "request_timeout": "250ms",
+                "fence_retention": "10m", "restart_quarantine": "0s"}"#,
+        )?;
+        assert_eq!(cfg.mode, Mode::Cluster);
+        assert_eq!(cfg.nodes.len(), 3);
+        assert_eq!(cfg.password.as_ref().map(Secret::expose), Some("pw"));
+        assert_eq!(cfg.prefix, "app:");
+        assert_eq!(cfg.connect_timeout, Duration::from_secs(2));
+        assert_eq!(cfg.request_timeout, Duration::from_millis(250));
+        assert_eq!(cfg.fence_retention, Some(Duration::from_secs(600)));
+        assert_eq!(cfg.restart_quarantine, None);
+        // No URL: the defaults, the first node replacing 127.0.0.1:6379.
+        let cfg: RedisConfig = serde_json::from_str(r#"{"node": ["10.0.0.5:6380"]}"#)?;
+        assert_eq!(cfg.nodes, vec![("10.0.0.5".to_string(), 6380)]);
+        assert_eq!(cfg.restart_quarantine, Some(DEFAULT_RESTART_QUARANTINE));
+        for (json, says) in [
+            (r#"{"request_timeout": "3"}"#, "\"3\" is not a duration"),
+            (r#"{"request_timeout": "0s"}"#, "at least 1 ms"),
+            (r#"{"key_prefix": "a{b"}"#, "key prefix"),
+            (r#"{"node": ["nohost"]}"#, "not host:port"),
+            (r#"{"url": "http://127.0.0.1"}"#, "unknown scheme"),
+            (r#"{"prefx": "a:"}"#, "unknown field `prefx`"),
+        ] {
+            let err = match serde_json::from_str::<RedisConfig>(json) {
+                Ok(cfg) => panic!("{json} gave {cfg:?}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains(says), "{json}: {err}");
+        }
         Ok(())
     }
 

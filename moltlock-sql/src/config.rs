@@ -15,7 +15,22 @@ pub const DEFAULT_TABLE: &str = "moltlock_locks";
 /// from an application's pool with `from_client`) and adjusted by the
 /// builder setters. The URL may hold a password; `Debug` shows it through
 /// [`moltlock_core::redact`].
+///
+/// With the `serde` feature it is `serde::Deserialize`, so a config file
+/// can give it: `url` and the options of the URL's query by the same names
+/// (durations written `"250ms"`, `"5s"`, `"2m"`), each optional. A field
+/// given beside a `url` replaces the URL's parameter of that name; an
+/// unknown field is refused. In TOML:
+///
+/// ```toml
+/// url = "postgres://app@db/locks?sslmode=require"
+/// table = "jobs_locks"
+/// acquire_timeout = "2s"
+/// expiry = "observed"
+/// ```
 #[derive(Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(try_from = "raw::Sql"))]
 pub struct SqlConfig {
     pub(crate) url: Secret,
     pub(crate) table: String,
@@ -47,6 +62,21 @@ pub enum Expiry {
     /// nodes judge observed-expiry holds by the clock as their own.
     /// Postgres and SQLite only.
     Observed,
+}
+
+impl std::str::FromStr for Expiry {
+    type Err = Error;
+
+    /// `store` or `observed`, as the URL parameter `expiry` writes them.
+    fn from_str(value: &str) -> Result<Self, Error> {
+        match value {
+            "store" => Ok(Self::StoreClock),
+            "observed" => Ok(Self::Observed),
+            other => Err(Error::config(format!(
+                "unknown expiry mode {other:?}: use expiry=store or expiry=observed"
+            ))),
+        }
+    }
 }
 
 impl fmt::Debug for SqlConfig {
@@ -142,17 +172,7 @@ impl SqlConfig {
             }
             "acquire_timeout" => self.acquire_timeout = parse_duration(name, value)?,
             "connect_timeout" => self.connect_timeout = Some(parse_duration(name, value)?),
-            "expiry" => {
-                self.expiry = match value {
-                    "store" => Expiry::StoreClock,
-                    "observed" => Expiry::Observed,
-                    other => {
-                        return Err(Error::config(format!(
-                            "unknown expiry mode {other:?}: use expiry=store or expiry=observed"
-                        )))
-                    }
-                }
-            }
+            "expiry" => self.expiry = value.parse()?,
             _ => return Ok(false),
         }
         Ok(true)
@@ -233,6 +253,83 @@ impl SqlConfig {
         match &self.schema {
             Some(s) => check_ident(s, "schema").map(|()| Some(s.as_str())),
             None => Ok(None),
+        }
+    }
+}
+
+/// The shape of [`SqlConfig`] in a config file: `url` and the URL's query
+/// options by the same names, each optional. A field given beside a `url`
+/// replaces the URL's own parameter of that name.
+#[cfg(feature = "serde")]
+mod raw {
+    use std::time::Duration;
+
+    use moltlock_core::duration::deserialize_option as duration;
+    use moltlock_core::Error;
+
+    use super::SqlConfig;
+
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Sql {
+        #[serde(default)]
+        url: Option<String>,
+        #[serde(default)]
+        table: Option<String>,
+        #[serde(default)]
+        schema: Option<String>,
+        #[serde(default)]
+        unlogged: Option<bool>,
+        #[serde(default)]
+        max_connections: Option<u32>,
+        #[serde(default, deserialize_with = "duration")]
+        acquire_timeout: Option<Duration>,
+        #[serde(default, deserialize_with = "duration")]
+        connect_timeout: Option<Duration>,
+        #[serde(default)]
+        auto_migrate: Option<bool>,
+        #[serde(default)]
+        expiry: Option<String>,
+    }
+
+    impl TryFrom<Sql> for SqlConfig {
+        type Error = Error;
+
+        fn try_from(raw: Sql) -> Result<Self, Error> {
+            let mut cfg = match &raw.url {
+                Some(url) => SqlConfig::from_url(url)?,
+                None => SqlConfig::default(),
+            };
+            if let Some(table) = raw.table {
+                super::check_ident(&table, "table")?;
+                cfg = cfg.table(table);
+            }
+            if let Some(schema) = raw.schema {
+                super::check_ident(&schema, "schema")?;
+                cfg = cfg.schema(schema);
+            }
+            if let Some(on) = raw.unlogged {
+                cfg = cfg.unlogged(on);
+            }
+            if let Some(n) = raw.max_connections {
+                if n == 0 {
+                    return Err(Error::config("max_connections must be at least 1"));
+                }
+                cfg = cfg.max_connections(n);
+            }
+            if let Some(timeout) = raw.acquire_timeout {
+                cfg = cfg.acquire_timeout(timeout);
+            }
+            if let Some(timeout) = raw.connect_timeout {
+                cfg = cfg.connect_timeout(timeout);
+            }
+            if let Some(on) = raw.auto_migrate {
+                cfg = cfg.auto_migrate(on);
+            }
+            if let Some(expiry) = raw.expiry {
+                cfg = cfg.expiry(expiry.parse()?);
+            }
+            Ok(cfg)
         }
     }
 }
@@ -321,6 +418,50 @@ mod tests {
             let res = SqlConfig::from_url(&format!("postgres://h/db?{bad}"));
             assert!(matches!(res, Err(Error::Config(_))), "{bad}: {res:?}");
         }
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn settings_from_a_config_file() -> Result<(), serde_json::Error> {
+        let cfg: SqlConfig = serde_json::from_str(
+            r#"{"url": "postgres://h/db?sslmode=require&table=from_url",
+                "table": "t1", "schema": "s1", "unlogged": true, "max_connections": 3,
+                "acquire_timeout": "250ms", "connect_timeout": "5s",
+                "auto_migrate": false, "expiry": "observed"}"#,
+        )?;
+        assert_eq!(cfg.url(), "postgres://h/db?sslmode=require");
+        assert_eq!(
+            (cfg.table.as_str(), cfg.schema.as_deref()),
+            ("t1", Some("s1"))
+        );
+        assert!(cfg.unlogged && !cfg.auto_migrate);
+        assert_eq!(cfg.max_connections, 3);
+        assert_eq!(cfg.acquire_timeout, Duration::from_millis(250));
+        assert_eq!(cfg.connect_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(cfg.expiry, Expiry::Observed);
+        // The URL's own parameters count when no field replaces them.
+        let cfg: SqlConfig =
+            serde_json::from_str(r#"{"url": "sqlite://x.db?table=jobs&acquire_timeout=2s"}"#)?;
+        assert_eq!(cfg.table, "jobs");
+        assert_eq!(cfg.acquire_timeout, Duration::from_secs(2));
+        // No URL: the defaults, for from_client.
+        let cfg: SqlConfig = serde_json::from_str(r#"{"table": "jobs"}"#)?;
+        assert_eq!((cfg.url(), cfg.table.as_str()), ("", "jobs"));
+        for (json, says) in [
+            (r#"{"acquire_timeout": "5"}"#, "\"5\" is not a duration"),
+            (r#"{"expiry": "sometimes"}"#, "unknown expiry mode"),
+            (r#"{"table": "a-b"}"#, "not a plain SQL identifier"),
+            (r#"{"max_connections": 0}"#, "max_connections"),
+            (r#"{"url": "sqlite://x.db?unlogged=maybe"}"#, "unlogged"),
+            (r#"{"tabel": "x"}"#, "unknown field `tabel`"),
+        ] {
+            let err = match serde_json::from_str::<SqlConfig>(json) {
+                Ok(cfg) => panic!("{json} gave {cfg:?}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains(says), "{json}: {err}");
+        }
+        Ok(())
     }
 
     #[test]

@@ -52,3 +52,6 @@ pub use mysql::MySqlBackend;
 pub use postgres::PostgresBackend;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteBackend;
+/// The sqlx crate these backends are built on, for the pools `from_client`
+/// takes (each store module also re-exports its pool types).
+pub use sqlx;

@@ -44,6 +44,14 @@
 //!     lock_key VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
 //!     floor BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB;
 //! ```
+//!
+//! # Everything the backend takes
+//!
+//! This module also re-exports the settings ([`SqlConfig`], [`Expiry`]),
+//! the generic [`SqlBackend`], the sqlx pool types `MySqlBackend::from_client`
+//! takes ([`MySqlPool`] and the types that build one) and [`sqlx`] itself, so an
+//! application needs no sqlx dependency of its own, of a matching version,
+//! to hand its pool over.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -52,13 +60,15 @@ use async_trait::async_trait;
 use moltlock_core::{
     CasOutcome, Error, Fence, Held, HolderInfo, LockKey, MultiOutcome, RenewItem, Token,
 };
-use sqlx::mysql::{MySqlPool, MySqlRow};
+use sqlx::mysql::MySqlRow;
 use sqlx::Row;
 
-use crate::backend::SqlBackend;
-use crate::config::{Expiry, SqlConfig};
+pub use crate::backend::SqlBackend;
+pub use crate::config::{Expiry, SqlConfig};
 use crate::convert::{execute, mark_live, micros, pool_options, ttl_chunks, RETENTION};
 use crate::dialect::{DbResult, Multi, Ops, Shared, Write};
+pub use sqlx;
+pub use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 
 mod batch;
 

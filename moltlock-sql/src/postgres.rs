@@ -58,6 +58,14 @@
 //!   read-write locks): one statement over `unnest($1::text[])` locks the
 //!   keys' rows and takes all of them (or the first free one) with the
 //!   single acquisition's expiry test and fences; see `take`.
+//!
+//! # Everything the backend takes
+//!
+//! This module also re-exports the settings ([`SqlConfig`], [`Expiry`]),
+//! the generic [`SqlBackend`], the sqlx pool types `PostgresBackend::from_client`
+//! takes ([`PgPool`] and the types that build one) and [`sqlx`] itself, so an
+//! application needs no sqlx dependency of its own, of a matching version,
+//! to hand its pool over.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -67,15 +75,16 @@ use moltlock_core::{
     CasOutcome, Error, Fence, Held, HolderInfo, Limits, LockKey, MultiOutcome, ReleaseWatch,
     RenewItem, Token, Watch,
 };
-use sqlx::postgres::PgPool;
 use sqlx::Row;
 use tokio::time::Instant;
 
-use crate::backend::SqlBackend;
-use crate::config::{Expiry, SqlConfig};
+pub use crate::backend::SqlBackend;
+pub use crate::config::{Expiry, SqlConfig};
 use crate::convert::{execute, fence, holds, millis, pool_options, RETENTION};
 use crate::dialect::{DbResult, Multi, Ops, Shared, Write};
 use crate::error::map;
+pub use sqlx;
+pub use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 mod listen;
 mod take;

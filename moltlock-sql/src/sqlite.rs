@@ -22,6 +22,14 @@
 //! CREATE TABLE IF NOT EXISTS "moltlock_locks_fence" (
 //!     id INTEGER PRIMARY KEY CHECK (id = 1), value INTEGER NOT NULL);
 //! ```
+//!
+//! # Everything the backend takes
+//!
+//! This module also re-exports the settings ([`SqlConfig`], [`Expiry`]),
+//! the generic [`SqlBackend`], the sqlx pool types `SqliteBackend::from_client`
+//! takes ([`SqlitePool`] and the types that build one) and [`sqlx`] itself, so an
+//! application needs no sqlx dependency of its own, of a matching version,
+//! to hand its pool over.
 
 use std::collections::HashSet;
 use std::str::FromStr;
@@ -31,17 +39,16 @@ use async_trait::async_trait;
 use moltlock_core::{
     CasOutcome, Error, Fence, Held, HolderInfo, Limits, LockKey, MultiOutcome, RenewItem, Token,
 };
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqliteRow,
-    SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnection, SqliteJournalMode, SqliteRow, SqliteSynchronous};
 use sqlx::Row;
 use tokio::time::Instant;
 
-use crate::backend::SqlBackend;
-use crate::config::{Expiry, SqlConfig};
+pub use crate::backend::SqlBackend;
+pub use crate::config::{Expiry, SqlConfig};
 use crate::convert::{self, execute, holds, left_ms, mark_live, millis, pool_options, ttl_chunks};
 use crate::dialect::{DbResult, Multi, Ops, Shared, Write};
+pub use sqlx;
+pub use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 mod batch;
 

@@ -1,15 +1,35 @@
-//! MoltLock: distributed locks over the stores teams already run.
+// The README is the crate's documentation, and its examples are doctests.
+// They name every store's module, so they are collected only in a build
+// with every store and `serde` (`cargo test --doc -p moltlock --all-features`).
+#![cfg_attr(
+    any(
+        not(doctest),
+        all(
+            feature = "sqlite",
+            feature = "postgres",
+            feature = "mysql",
+            feature = "redis",
+            feature = "etcd",
+            feature = "serde"
+        )
+    ),
+    doc = include_str!("../../README.md")
+)]
+//!
+//! # The `moltlock` crate
 //!
 //! This crate re-exports the core API ([`LockManager`], [`LockGuard`],
 //! [`Backend`], …) and chooses a backend by cargo feature or by URL:
 //!
 //! | feature | URL schemes | backend |
 //! |---|---|---|
-//! | `sqlite` (default) | `sqlite://path/to/file.db` | [`sqlite::SqliteBackend`] |
-//! | `postgres` | `postgres://`, `postgresql://` | [`postgres::PostgresBackend`] |
-//! | `mysql` | `mysql://`, `mariadb://` | [`mysql::MySqlBackend`] |
-//! | `redis` | `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://` | [`redis::RedisBackend`] |
-//! | `etcd` | `etcd://`, `etcds://` | [`etcd::EtcdBackend`] |
+//! | `sqlite` (default) | `sqlite://path/to/file.db` | `sqlite::SqliteBackend` |
+//! | `postgres` | `postgres://`, `postgresql://` | `postgres::PostgresBackend` |
+//! | `mysql` | `mysql://`, `mariadb://` | `mysql::MySqlBackend` |
+//! | `redis` | `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://` | `redis::RedisBackend` |
+//! | `etcd` | `etcd://`, `etcds://` | `etcd::EtcdBackend` |
+//! | `serde` | | `Deserialize` for [`StoreConfig`], [`ManagerConfig`] and every backend's config |
+//! | `metrics` | | counters and histograms through the `metrics` facade |
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), moltlock::Error> {
@@ -32,6 +52,9 @@
 use std::sync::Arc;
 
 pub use moltlock_core::*;
+
+mod store_config;
+pub use store_config::StoreConfig;
 
 #[cfg(feature = "etcd")]
 pub use moltlock_etcd as etcd;

@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // helpers shared by the tests below unwrap like the tests do
 //! whose feature is off gives an error naming that feature.
 
+#[cfg(feature = "mysql")]
 use moltlock::BackendExt;
 use moltlock::{connect, Error, Store};
 
