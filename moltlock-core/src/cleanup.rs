@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::registry::Inner;
-use crate::{Backend, LockKey, Token};
+use crate::{Backend, CasOutcome, Error, LockKey, Token};
 
 /// Pauses before each further delete of a cancelled acquisition: its request
 /// may still be in flight (on another connection, or in a blocking task) and
@@ -43,8 +43,7 @@ fn spawn_deletes(
     any: bool,
     late_write: Option<Duration>,
 ) {
-    let here = tokio::runtime::Handle::try_current().ok();
-    let Some(handle) = here.or_else(|| inner.runtime.get().cloned()) else {
+    let Some(handle) = runtime_of(inner) else {
         tracing::debug!(?keys, "no runtime; the hold lives until its TTL");
         return;
     };
@@ -141,4 +140,59 @@ impl Drop for PendingAcquire {
         let late_write = Some(self.inner.limits.late_write);
         spawn_deletes(&self.inner, keys, self.token.clone(), self.any, late_write);
     }
+}
+
+/// Ends a hold whose at-least time has `left` to run: the key passes to a
+/// throwaway token for exactly what is left, by the store's clock, so it
+/// stays blocked that long and no longer (the hold's own TTL may reach
+/// further).
+///
+/// # Errors
+/// [`Error::NotHeld`] when the key was no longer ours; store errors as
+/// they come (the hold then ends at its TTL, which covers `left`).
+pub(crate) async fn linger(
+    inner: &Inner,
+    key: &LockKey,
+    token: &Token,
+    left: Duration,
+) -> Result<(), Error> {
+    let throwaway = Token::random();
+    match inner
+        .backend
+        .cas(key, Some(token), &throwaway, left)
+        .await?
+    {
+        CasOutcome::Acquired { .. } => {
+            tracing::debug!(%key, ?left, "released; the key stays blocked for its at-least time");
+            Ok(())
+        }
+        CasOutcome::Held(_) => Err(Error::NotHeld {
+            key: key.to_string(),
+        }),
+    }
+}
+
+/// [`linger`] in the background, for a dropped guard (as [`spawn_release`]).
+pub(crate) fn spawn_linger(inner: &Arc<Inner>, key: LockKey, token: Token, left: Duration) {
+    let Some(handle) = runtime_of(inner) else {
+        tracing::debug!(%key, "no runtime; the hold lives until its TTL");
+        return;
+    };
+    let inner = inner.clone();
+    let ticket = crate::pending::Ticket::new();
+    handle.spawn(async move {
+        let _ticket = ticket;
+        let limit = inner.cfg.release_timeout;
+        let done = tokio::time::timeout(limit, linger(&inner, &key, &token, left)).await;
+        if !matches!(done, Ok(Ok(()))) {
+            tracing::debug!(%key, "the at-least hand-over did not complete; the hold ends at its TTL");
+        }
+    });
+}
+
+/// The runtime a cleanup runs on: this thread's, else the one the manager
+/// first acquired on.
+fn runtime_of(inner: &Inner) -> Option<tokio::runtime::Handle> {
+    let here = tokio::runtime::Handle::try_current().ok();
+    here.or_else(|| inner.runtime.get().cloned())
 }

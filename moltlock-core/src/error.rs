@@ -19,6 +19,9 @@ pub enum LostReason {
     /// Its owner released the hold: what a [`LostToken`](crate::LostToken)
     /// (or a scoped lock's handle) reports once its guard is gone.
     Released,
+    /// The job's [`LockOptions::at_most`](crate::LockOptions::at_most)
+    /// time passed: renewal stopped.
+    AtMost,
 }
 
 impl fmt::Display for LostReason {
@@ -28,6 +31,7 @@ impl fmt::Display for LostReason {
             Self::Deadline => f.write_str("no renewal was confirmed before the validity deadline"),
             Self::Session(why) => write!(f, "the backend session ended: {why}"),
             Self::Released => f.write_str("the owner released the lock"),
+            Self::AtMost => f.write_str("the job's at-most time passed"),
         }
     }
 }

@@ -143,6 +143,10 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), Error> {
         self.released = true;
         self.inner.release(&self.hold);
+        if let Some(left) = self.hold.at_least_left() {
+            return crate::cleanup::linger(&self.inner, &self.hold.key, &self.hold.token, left)
+                .await;
+        }
         let span = tracing::debug_span!(
             "moltlock.release",
             key = %self.hold.key,
@@ -172,6 +176,11 @@ impl Drop for LockGuard {
             return;
         }
         self.inner.release(&self.hold);
+        if let Some(left) = self.hold.at_least_left() {
+            let (key, token) = (self.hold.key.clone(), self.hold.token.clone());
+            crate::cleanup::spawn_linger(&self.inner, key, token, left);
+            return;
+        }
         spawn_release(
             &self.inner,
             self.hold.key.clone(),

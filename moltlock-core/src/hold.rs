@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::job::Terms;
 use crate::{Fence, LockKey, LostReason, Token};
 
 /// The part of a hold that changes: how long it is valid and whether it was lost.
@@ -23,7 +24,7 @@ pub(crate) struct Grant {
     pub(crate) key: LockKey,
     pub(crate) token: Token,
     pub(crate) fence: Fence,
-    pub(crate) ttl: Duration,
+    pub(crate) terms: Terms,
 }
 
 /// One held lock.
@@ -33,6 +34,10 @@ pub(crate) struct Hold {
     pub(crate) token: Token,
     pub(crate) fence: Fence,
     pub(crate) ttl: Duration,
+    /// The TTL with the job limits, counted from `first_sent`.
+    pub(crate) terms: Terms,
+    /// When the acquire request was sent.
+    pub(crate) first_sent: Instant,
     pub(crate) interval: Duration,
     pub(crate) drift: f64,
     pub(crate) acquired_at: Instant,
@@ -52,9 +57,9 @@ impl Hold {
         sent_at: Instant,
         expiry: Instant,
     ) -> Self {
-        let interval = grant.ttl / 3;
+        let interval = grant.terms.ttl / 3;
         let state = HoldState {
-            valid_until: valid_until(sent_at, expiry, drift),
+            valid_until: capped(valid_until(sent_at, expiry, drift), sent_at, &grant.terms),
             lost: None,
             released: false,
         };
@@ -63,7 +68,9 @@ impl Hold {
             key: grant.key,
             token: grant.token,
             fence: grant.fence,
-            ttl: grant.ttl,
+            ttl: grant.terms.ttl,
+            terms: grant.terms,
+            first_sent: sent_at,
             interval,
             drift,
             acquired_at: Instant::now(),
@@ -71,6 +78,29 @@ impl Hold {
             next_renew: Mutex::new(sent_at + interval),
             renewing: AtomicBool::new(false),
         }
+    }
+
+    /// The TTL a request of this hold sent at `sent_at` asks for; `None`
+    /// once its at-most time has passed.
+    pub(crate) fn ttl_at(&self, sent_at: Instant) -> Option<Duration> {
+        self.terms
+            .ttl_at(sent_at.saturating_duration_since(self.first_sent))
+    }
+
+    /// Whether the hold's validity reached its at-most time: the deadline
+    /// a renewal cut to the at-most time gives, give or take the drift
+    /// allowance of one interval.
+    pub(crate) fn at_most_reached(&self, now: Instant) -> bool {
+        let Some(most) = self.terms.job.at_most else {
+            return false;
+        };
+        let slack = self.interval.mul_f64(self.drift) + Duration::from_millis(1);
+        now + slack >= self.first_sent + most
+    }
+
+    /// What is left of the hold's at-least time.
+    pub(crate) fn at_least_left(&self) -> Option<Duration> {
+        self.terms.at_least_left(self.first_sent.elapsed())
     }
 
     pub(crate) fn snapshot(&self) -> HoldState {
@@ -112,7 +142,11 @@ impl Hold {
     /// A renewal whose request was sent at `sent_at` was confirmed by the
     /// store, which will not expire it before `expiry`.
     pub(crate) fn confirm(&self, sent_at: Instant, expiry: Instant) {
-        let until = valid_until(sent_at, expiry, self.drift);
+        let until = capped(
+            valid_until(sent_at, expiry, self.drift),
+            self.first_sent,
+            &self.terms,
+        );
         self.state.send_if_modified(|s| {
             if s.lost.is_some() || until <= s.valid_until {
                 return false;
@@ -170,4 +204,13 @@ impl Hold {
 fn valid_until(sent_at: Instant, expiry: Instant, drift: f64) -> Instant {
     let span = expiry.saturating_duration_since(sent_at);
     sent_at + span.mul_f64((1.0 - drift).clamp(0.0, 1.0))
+}
+
+/// `until`, but no later than the at-most time of a hold whose acquire
+/// request was sent at `first_sent`.
+fn capped(until: Instant, first_sent: Instant, terms: &Terms) -> Instant {
+    match terms.job.at_most {
+        Some(most) => until.min(first_sent + most),
+        None => until,
+    }
 }

@@ -38,6 +38,7 @@ mod forward;
 mod guard;
 mod guards;
 mod hold;
+mod job;
 mod lost;
 mod manager;
 mod memory;

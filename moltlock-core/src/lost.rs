@@ -109,7 +109,7 @@ pub(crate) fn gone(hold: &Hold) -> Option<LostReason> {
 
 /// Waits until `hold` is lost (a refused renewal, or its validity deadline
 /// passed, which this fires itself) or released.
-pub(crate) async fn wait_lost(inner: &Inner, hold: &Hold) -> LostReason {
+pub(crate) async fn wait_lost(inner: &Arc<Inner>, hold: &Hold) -> LostReason {
     let mut rx = hold.state.subscribe();
     loop {
         let s = rx.borrow_and_update().clone();
@@ -124,7 +124,7 @@ pub(crate) async fn wait_lost(inner: &Inner, hold: &Hold) -> LostReason {
                 return LostReason::Deadline;
             },
             _ = tokio::time::sleep_until(s.valid_until) => {
-                inner.finish(hold, LostReason::Deadline);
+                crate::renew::lose_at_deadline(inner, hold);
             }
         }
     }

@@ -12,6 +12,7 @@ use tracing::Instrument;
 use crate::cleanup::PendingAcquire;
 use crate::guard::LockGuard;
 use crate::hold::{Grant, Hold};
+use crate::job::Terms;
 use crate::options::LockOptions;
 use crate::registry::{Config, Inner, LostEvent};
 use crate::{
@@ -261,6 +262,7 @@ impl LockManager {
         }
         let ttl = opts.ttl.unwrap_or(self.inner.cfg.ttl);
         check_ttl(ttl, self.inner.limits.min_ttl)?;
+        opts.job.check()?;
         if let Some(text) = &opts.description {
             crate::check_description(text)?;
         }
@@ -287,13 +289,19 @@ impl LockManager {
         started: Instant,
     ) -> Result<Option<LockGuard>, Error> {
         if opts.fair {
+            if !opts.job.is_none() {
+                return Err(Error::Config(
+                    "at_most and at_least are not available in fair mode".into(),
+                ));
+            }
             return self.acquire_fair(key, ttl).await.map(Some);
         }
+        let terms = Terms { ttl, job: opts.job };
         // One key is a set of one: the same attempt, wait and cleanup as
         // the primitives' (a set of one key goes to the store as one `cas`).
         let keys = std::slice::from_ref(key);
         let got = self
-            .acquire_set(keys, MultiMode::All, ttl, opts.no_wait, None)
+            .acquire_set(keys, MultiMode::All, terms, opts.no_wait, None)
             .await?;
         let guard = got.and_then(|mut g| g.pop());
         if let Some(g) = &guard {
@@ -316,7 +324,7 @@ impl LockManager {
             match self.confirm_late_grant(key, &token, ttl, sent_at).await {
                 Ok(Some(sent_at)) => {
                     pending.disarm();
-                    return Ok(self.guard(key, token, fence, ttl, sent_at));
+                    return Ok(self.guard(key, token, fence, ttl.into(), sent_at));
                 }
                 Ok(None) => {
                     pending.disarm();
@@ -366,16 +374,16 @@ impl LockManager {
         key: &LockKey,
         token: Token,
         fence: crate::Fence,
-        ttl: Duration,
+        terms: Terms,
         sent_at: Instant,
     ) -> LockGuard {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let expiry = self.inner.expiry(ttl, sent_at);
+        let expiry = self.inner.expiry(terms.first_ttl(), sent_at);
         let grant = Grant {
             key: key.clone(),
             token,
             fence,
-            ttl,
+            terms,
         };
         let hold = Hold::new(id, grant, self.inner.cfg.drift, sent_at, expiry);
         let hold = self

@@ -66,7 +66,7 @@ impl LockManager {
         let keys = self.sorted_keys(keys)?;
         let ttl = self.set_ttl(&opts)?;
         let label = keys.first().map(LockKey::as_str).unwrap_or_default();
-        let work = self.acquire_set(&keys, MultiMode::All, ttl, opts.no_wait, None);
+        let work = self.acquire_set(&keys, MultiMode::All, ttl.into(), opts.no_wait, None);
         let Some(guards) = within(label, opts.timeout, work).await? else {
             return Ok(None);
         };

@@ -10,6 +10,7 @@ pub struct LockOptions {
     pub(crate) no_wait: bool,
     pub(crate) fair: bool,
     pub(crate) description: Option<String>,
+    pub(crate) job: crate::job::Job,
 }
 
 impl LockOptions {
@@ -51,6 +52,30 @@ impl LockOptions {
     /// [`Backend::fair_queue`](crate::Backend::fair_queue) only).
     pub fn fair(mut self) -> Self {
         self.fair = true;
+        self
+    }
+
+    /// A scheduled job's upper bound: renewal stops `limit` after the
+    /// acquire request was sent, the store ends the hold there (the last
+    /// renewals ask for no more than what is left), and the guard's
+    /// [`lost`](crate::LockGuard::lost) fires with
+    /// [`LostReason::AtMost`](crate::LostReason::AtMost). A job that hangs
+    /// cannot keep its key longer. Single-key locks only.
+    pub fn at_most(mut self, limit: Duration) -> Self {
+        self.job.at_most = Some(limit);
+        self
+    }
+
+    /// A scheduled job's lower bound: the key stays blocked until `limit`
+    /// after the acquire request was sent, measured by the store's clock,
+    /// even when the job ends sooner or its process crashes. Every request
+    /// of the hold asks for a TTL that covers what is left of `limit`, and a
+    /// release before then leaves a throwaway hold on the key for the rest
+    /// (a job run on several nodes by clocks that differ a little then
+    /// still runs once). Single-key locks only; at most
+    /// [`at_most`](Self::at_most).
+    pub fn at_least(mut self, limit: Duration) -> Self {
+        self.job.at_least = Some(limit);
         self
     }
 }

@@ -154,9 +154,9 @@ impl Inner {
 
     /// The hold was lost: it leaves renewal and, unless it was lost or
     /// released before, the loss is recorded and reported.
-    pub(crate) fn finish(&self, hold: &Hold, reason: LostReason) {
+    pub(crate) fn finish(&self, hold: &Hold, reason: LostReason) -> bool {
         if !hold.mark_lost(reason.clone()) {
-            return;
+            return false;
         }
         self.registry().holds.remove(&hold.id);
         tracing::warn!(key = %hold.key, fence = %hold.fence, %reason, "lock lost");
@@ -168,6 +168,7 @@ impl Inner {
                 reason,
             });
         }
+        true
     }
 
     /// Adds the hold to renewal; `start_driver` starts the renewal driver

@@ -52,7 +52,7 @@ fn round(inner: &Arc<Inner>) -> Option<Instant> {
     let holds = snapshot(inner)?;
     let now = Instant::now();
     for hold in holds.iter().filter(|h| h.valid_until() <= now) {
-        inner.finish(hold, LostReason::Deadline);
+        lose_at_deadline(inner, hold);
     }
     let idle: Vec<Arc<Hold>> = holds
         .into_iter()
@@ -98,19 +98,28 @@ fn snapshot(inner: &Arc<Inner>) -> Option<Vec<Arc<Hold>>> {
     Some(reg.holds.values().cloned().collect())
 }
 
+/// Holds past their at-most time are lost and deleted (owner-checked), not
+/// renewed; the rest are renewed together.
 async fn renew(inner: &Arc<Inner>, due: &[Arc<Hold>]) {
+    let sent_at = Instant::now();
+    let (ended, due): (Vec<Arc<Hold>>, Vec<Arc<Hold>>) = due
+        .iter()
+        .cloned()
+        .partition(|h| h.ttl_at(sent_at).is_none());
+    for hold in &ended {
+        end_at_most(inner, hold);
+    }
     let items: Vec<RenewItem> = due
         .iter()
         .map(|h| RenewItem {
             key: h.key.clone(),
             token: h.token.clone(),
-            ttl: h.ttl,
+            ttl: h.ttl_at(sent_at).unwrap_or(h.ttl),
         })
         .collect();
     let Some(deadline) = due.iter().map(|h| h.valid_until()).min() else {
         return;
     };
-    let sent_at = Instant::now();
     let name = inner.backend.name();
     let backend = &*inner.backend;
     let renewal = async {
@@ -123,9 +132,9 @@ async fn renew(inner: &Arc<Inner>, due: &[Arc<Hold>]) {
     match result {
         Ok(Ok(held)) if held.len() == due.len() => {
             metrics::renewed(name, due.len());
-            for (hold, still) in due.iter().zip(held) {
+            for ((hold, still), item) in due.iter().zip(held).zip(&items) {
                 if still {
-                    hold.confirm(sent_at, inner.expiry(hold.ttl, sent_at));
+                    hold.confirm(sent_at, inner.expiry(item.ttl, sent_at));
                 } else {
                     inner.finish(hold, LostReason::Refused);
                 }
@@ -137,12 +146,12 @@ async fn renew(inner: &Arc<Inner>, due: &[Arc<Hold>]) {
                 answered = held.len(),
                 "renewal answered the wrong number of holds"
             );
-            retry_soon(due);
+            retry_soon(&due);
         }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, holds = due.len(), "renewal failed; retrying");
             metrics::renew_failed(name);
-            retry_soon(due);
+            retry_soon(&due);
         }
         Err(_) => {
             tracing::warn!(
@@ -150,11 +159,29 @@ async fn renew(inner: &Arc<Inner>, due: &[Arc<Hold>]) {
                 "renewal did not answer before a validity deadline"
             );
             metrics::renew_failed(name);
-            for hold in due {
-                inner.finish(hold, LostReason::Deadline);
+            for hold in &due {
+                lose_at_deadline(inner, hold);
             }
-            retry_soon(due);
+            retry_soon(&due);
         }
+    }
+}
+
+/// A hold whose at-most time passed: lost, and its key deleted by its token
+/// so the next run need not wait for the TTL.
+pub(crate) fn end_at_most(inner: &Arc<Inner>, hold: &Hold) {
+    if inner.finish(hold, LostReason::AtMost) {
+        crate::cleanup::spawn_release(inner, hold.key.clone(), hold.token.clone(), None);
+    }
+}
+
+/// A hold whose validity deadline passed: lost at its at-most time when
+/// that is what ended it, else at the deadline.
+pub(crate) fn lose_at_deadline(inner: &Arc<Inner>, hold: &Hold) {
+    if hold.at_most_reached(Instant::now()) {
+        end_at_most(inner, hold);
+    } else {
+        inner.finish(hold, LostReason::Deadline);
     }
 }
 

@@ -191,7 +191,10 @@ impl RwLock {
                 }
             };
             let keys = self.readers.rotated();
-            let tried = self.mgr.attempt_set(&keys, MultiMode::Any, ttl).await;
+            let tried = self
+                .mgr
+                .attempt_set(&keys, MultiMode::Any, ttl.into())
+                .await;
             if let Some(pass) = pass {
                 self.mgr.release_or_retry(pass).await;
             }
@@ -238,7 +241,10 @@ impl RwLock {
     async fn pass(&self, ttl: Duration) -> Result<Pass, Error> {
         let token = Token::from_stored(format!("{PASS_PREFIX}{}", Token::random()));
         let key = std::slice::from_ref(&self.writer);
-        let tried = self.mgr.attempt_as(key, MultiMode::All, ttl, token).await?;
+        let tried = self
+            .mgr
+            .attempt_as(key, MultiMode::All, ttl.into(), token)
+            .await?;
         Ok(match tried {
             Attempt::Got(mut guards) => match guards.pop() {
                 Some(g) => Pass::Held(g),
@@ -258,7 +264,7 @@ impl RwLock {
         let key = std::slice::from_ref(&self.writer);
         let got = self
             .mgr
-            .acquire_set(key, MultiMode::All, ttl, no_wait, None)
+            .acquire_set(key, MultiMode::All, ttl.into(), no_wait, None)
             .await?;
         Ok(got.and_then(|mut g| g.pop()))
     }
@@ -333,7 +339,7 @@ impl RwLock {
         let slots = self.readers.keys();
         let got = self
             .mgr
-            .acquire_set(slots, MultiMode::All, ttl, no_wait, None)
+            .acquire_set(slots, MultiMode::All, ttl.into(), no_wait, None)
             .await?;
         let Some(readers) = got else {
             self.mgr.release_or_retry(writer).await;

@@ -123,9 +123,13 @@ impl Semaphore {
     pub async fn acquire_with(&self, opts: LockOptions) -> Result<Option<Permit>, Error> {
         let ttl = self.mgr.set_ttl(&opts)?;
         let keys = self.slots.rotated();
-        let work =
-            self.mgr
-                .acquire_set(&keys, MultiMode::Any, ttl, opts.no_wait, Some(&self.slots));
+        let work = self.mgr.acquire_set(
+            &keys,
+            MultiMode::Any,
+            ttl.into(),
+            opts.no_wait,
+            Some(&self.slots),
+        );
         let got = within(self.slots.name().as_str(), opts.timeout, work).await?;
         let Some(guard) = got.and_then(|mut g| g.pop()) else {
             return Ok(None);

@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use crate::cleanup::PendingAcquire;
 use crate::guard::LockGuard;
+use crate::job::Terms;
 use crate::manager::LockManager;
 use crate::options::LockOptions;
 use crate::{BackendExt, Error, Held, LockKey, MultiMode, MultiOutcome, ReleaseWatch, Token};
@@ -118,9 +119,9 @@ impl LockManager {
         &self,
         keys: &[LockKey],
         mode: MultiMode,
-        ttl: Duration,
+        terms: Terms,
     ) -> Result<Attempt, Error> {
-        self.attempt_as(keys, mode, ttl, Token::random()).await
+        self.attempt_as(keys, mode, terms, Token::random()).await
     }
 
     /// As [`attempt_set`](Self::attempt_set), under the fresh `token` given.
@@ -128,14 +129,17 @@ impl LockManager {
         &self,
         keys: &[LockKey],
         mode: MultiMode,
-        ttl: Duration,
+        terms: Terms,
         token: Token,
     ) -> Result<Attempt, Error> {
         let inner = self.inner();
         let any = mode == MultiMode::Any;
         let mut pending = PendingAcquire::new(inner.clone(), keys, &token, any);
         let sent_at = Instant::now();
-        let outcome = inner.backend.cas_multi(keys, &token, ttl, mode).await?;
+        let outcome = inner
+            .backend
+            .cas_multi(keys, &token, terms.first_ttl(), mode)
+            .await?;
         match outcome {
             MultiOutcome::Held(busy) => {
                 if busy.iter().any(|(_, h)| h.holder.as_ref() == Some(&token)) {
@@ -148,7 +152,7 @@ impl LockManager {
             }
             MultiOutcome::Acquired(taken) => {
                 check_taken(inner.backend.name(), keys.len(), mode, &taken)?;
-                self.confirm_set(keys, token, ttl, sent_at, taken, pending)
+                self.confirm_set(keys, token, terms, sent_at, taken, pending)
                     .await
             }
         }
@@ -171,7 +175,7 @@ impl LockManager {
         &self,
         keys: &[LockKey],
         token: Token,
-        ttl: Duration,
+        terms: Terms,
         sent_at: Instant,
         taken: Vec<(usize, crate::Fence)>,
         mut pending: PendingAcquire,
@@ -180,10 +184,11 @@ impl LockManager {
         let mut whole = true;
         for (i, fence) in taken {
             let Some(key) = keys.get(i) else { continue };
+            let ttl = terms.first_ttl();
             let confirmed = self.confirm_late_grant(key, &token, ttl, sent_at).await?;
             pending.settle(key);
             match confirmed {
-                Some(at) => guards.push(self.guard(key, token.clone(), fence, ttl, at)),
+                Some(at) => guards.push(self.guard(key, token.clone(), fence, terms, at)),
                 None => whole = false,
             }
         }
@@ -206,7 +211,7 @@ impl LockManager {
         &self,
         keys: &[LockKey],
         mode: MultiMode,
-        ttl: Duration,
+        terms: Terms,
         no_wait: bool,
         check: Option<&crate::slots::SlotSet>,
     ) -> Result<Option<Vec<LockGuard>>, Error> {
@@ -218,7 +223,7 @@ impl LockManager {
         let mut checked = false;
         let mut attempt = 0u32;
         loop {
-            match self.attempt_set(keys, mode, ttl).await {
+            match self.attempt_set(keys, mode, terms).await {
                 Ok(Attempt::Got(guards)) => return Ok(Some(guards)),
                 Ok(Attempt::Busy(busy)) if busy.is_empty() => {
                     // Grants cut short by a clock step (or a set too slow
@@ -298,6 +303,11 @@ impl LockManager {
 
     /// Checks a primitive's options: the TTL and the description.
     pub(crate) fn set_ttl(&self, opts: &LockOptions) -> Result<Duration, Error> {
+        if !opts.job.is_none() {
+            return Err(Error::Config(
+                "at_most and at_least are for single-key locks, not semaphores, read-write locks or multi-locks".into(),
+            ));
+        }
         if opts.fair {
             return Err(Error::Config(
                 "semaphores, read-write locks and multi-locks have no fair mode".into(),

@@ -108,8 +108,10 @@ impl Core {
     ) -> Result<CasOutcome, Error> {
         let k = self.keys.lock(key);
         self.written.forget(&k);
-        let lease = self.session.lease_for(ttl).await?;
-        let put = PutOptions::new().with_lease(lease.id);
+        // A lease of its own: a session lease would live as long as other
+        // holds of the same TTL keep it alive.
+        let lease = self.session.lease_of_its_own(ttl).await?;
+        let put = PutOptions::new().with_lease(lease);
         let txn = Txn::new()
             .when([Compare::value(k.clone(), CompareOp::Equal, old.as_str())])
             .and_then([

@@ -122,6 +122,17 @@ impl Session {
         }
     }
 
+    /// A lease of its own for one hold of `ttl`, which the session neither
+    /// tracks nor keeps alive: it ends at its TTL unless that hold is
+    /// renewed (a hand-over to a token this session does not renew, such
+    /// as an at-least hold left behind by a release).
+    pub(crate) async fn lease_of_its_own(&self, ttl: Duration) -> Result<i64, Error> {
+        let mut client = self.client.clone();
+        let secs = i64::try_from(self.secs_for(ttl)).unwrap_or(i64::MAX);
+        let resp = call("lease grant", self.timeout, client.lease_grant(secs, None)).await?;
+        Ok(resp.id())
+    }
+
     async fn grant(&self, secs: u64) -> Result<Lease, Error> {
         let mut client = self.client.clone();
         let sent_at = Instant::now();

@@ -246,6 +246,10 @@ impl Flawed {
             (Some(_), Some(e)) if self.has(Flaw::HandOverKeepsFence) => {
                 (new.clone(), e.fence, self.expiry(now, ttl))
             }
+            (Some(_), Some(e)) if self.has(Flaw::HandOverKeepsExpiry) => {
+                let fence = drawn.unwrap_or_else(|| self.next_fence(st));
+                (new.clone(), fence, e.expires_at)
+            }
             _ => {
                 let fence = drawn.unwrap_or_else(|| self.next_fence(st));
                 let holder = match st.entries.get(&nk) {

@@ -16,6 +16,7 @@ mod exclusion;
 mod expiry;
 mod fair;
 mod fences;
+mod jobs;
 mod lost;
 mod multi;
 mod optional;
@@ -28,6 +29,7 @@ pub use exclusion::*;
 pub use expiry::*;
 pub use fair::*;
 pub use fences::*;
+pub use jobs::*;
 pub use lost::*;
 pub use multi::*;
 pub use optional::*;
@@ -119,6 +121,8 @@ macro_rules! __cases {
                 lock_all_timeout_is_cumulative: "11 multi-locks, 3 expiry",
                 lock_all_cancel_leaves_nothing: "11 multi-locks, 6 cancellation",
                 lock_all_lost_fires_when_any_key_is_lost: "11 multi-locks, 4 lost signals",
+                job_at_least_blocks_after_an_early_release: "12 job locks, 3 expiry",
+                job_at_most_stops_the_holder: "12 job locks, 4 lost signals",
             ],
             watch: [
                 release_wakes_waiter_quickly: "waiting",

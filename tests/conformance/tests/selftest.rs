@@ -57,6 +57,7 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
             "waiter_acquires_after_holder_stops_renewing",
         ],
         Flaw::HandOverKeepsFence => &["hand_over_gives_a_fresh_fence"],
+        Flaw::HandOverKeepsExpiry => &["job_at_least_blocks_after_an_early_release"],
         Flaw::DeleteIgnoresExpiry => &["delete_of_expired_hold_reports_false"],
         Flaw::DeleteAlwaysTrue => &[
             "release_with_foreign_token_changes_nothing",
@@ -171,6 +172,7 @@ catches! {
     catches_renewal_adding_to_old_expiry: RenewalAddsTtl,
     catches_takeover_keeping_old_token: TakeoverKeepsOldToken,
     catches_hand_over_keeping_fence: HandOverKeepsFence,
+    catches_hand_over_keeping_expiry: HandOverKeepsExpiry,
     catches_delete_ignoring_expiry: DeleteIgnoresExpiry,
     catches_delete_always_reporting_success: DeleteAlwaysTrue,
     catches_per_client_fence_blocks: PerClientFenceBlocks,

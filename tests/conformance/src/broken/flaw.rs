@@ -35,6 +35,8 @@ pub enum Flaw {
     TakeoverKeepsOldToken,
     /// `cas(Some(a), b)` keeps `a`'s fence.
     HandOverKeepsFence,
+    /// `cas(Some(a), b)` keeps `a`'s expiry instead of now + TTL.
+    HandOverKeepsExpiry,
     /// `delete` compares the owner but not the expiry: deleting one's own
     /// expired hold reports success.
     DeleteIgnoresExpiry,
@@ -141,6 +143,7 @@ impl Flaw {
         Flaw::RenewalAddsTtl,
         Flaw::TakeoverKeepsOldToken,
         Flaw::HandOverKeepsFence,
+        Flaw::HandOverKeepsExpiry,
         Flaw::DeleteIgnoresExpiry,
         Flaw::DeleteAlwaysTrue,
         Flaw::PerClientFenceBlocks,

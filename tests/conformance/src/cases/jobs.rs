@@ -1,0 +1,85 @@
+//! Scheduled-job locks: `at_least` keeps a key blocked by the store's
+//! clock after an early release, and `at_most` stops the holder.
+
+use moltlock_core::{LockOptions, LostReason};
+
+use super::common::*;
+
+/// A job that ends early leaves its key blocked until `at_least` after its
+/// acquire request, and free soon after: the release hands the key to a
+/// throwaway hold of exactly what is left, which nothing renews (a store
+/// that kept the old expiry, or hung the throwaway on a lease something
+/// else keeps alive, blocks the next run too long).
+pub async fn job_at_least_blocks_after_an_early_release(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let least = ttl * 2;
+    let m = manager(&b, ttl)?;
+    // A second hold of the same TTL keeps its lease (if any) alive.
+    let k = key("job-at-least");
+    let neighbour = m.lock(format!("{k}/neighbour")).await.map_err(err)?;
+    let asked = Instant::now();
+    let opts = LockOptions::new().at_least(least);
+    let g = m.acquire(&k, opts).await.map_err(err)?;
+    let g = g.ok_or("no guard for a waiting acquire")?;
+    tokio::time::sleep_until(asked + least.mul_f64(0.9)).await;
+    g.release().await.map_err(err)?;
+    let other = f.open().await?;
+    let mut freed = None;
+    let slack = b.limits().min_ttl + EXPIRY_SLACK;
+    while Instant::now() < asked + least + slack {
+        if is_free(&other, &k, ttl).await? {
+            freed = Some(Instant::now());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    neighbour.release().await.map_err(err)?;
+    let freed = freed.ok_or_else(|| {
+        format!("the key was still blocked {slack:?} after its at-least time of {least:?}")
+    })?;
+    ensure!(
+        freed >= asked + least,
+        "the key was free {:?} after the acquire, before its at-least time of {least:?}",
+        freed - asked
+    );
+    Ok(Outcome::Passed)
+}
+
+/// A job past its `at_most` time is stopped: `lost()` fires with
+/// `AtMost` by then, and the key is free for the next run right after.
+pub async fn job_at_most_stops_the_holder(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b) * 3;
+    let most = short_ttl(&b) * 2;
+    let m = manager(&b, ttl)?;
+    let k = key("job-at-most");
+    let asked = Instant::now();
+    let opts = LockOptions::new().at_most(most);
+    let g = m.acquire(&k, opts).await.map_err(err)?;
+    let g = g.ok_or("no guard for a waiting acquire")?;
+    let reason = tokio::time::timeout(most + ttl, g.lost()).await;
+    let lost_at = Instant::now();
+    ensure!(reason.is_ok(), "lost() did not fire after the at-most time");
+    ensure!(
+        reason == Ok(LostReason::AtMost),
+        "lost() fired with {reason:?}, not AtMost"
+    );
+    ensure!(
+        lost_at <= asked + most + Duration::from_millis(100),
+        "the holder ran {:?}, past its at-most time of {most:?}",
+        lost_at - asked
+    );
+    ensure!(
+        lost_at >= asked + most.mul_f64(0.9),
+        "the holder was stopped after {:?}, well before its at-most time of {most:?}",
+        lost_at - asked
+    );
+    ensure!(g.check().is_err(), "check() passes past the at-most time");
+    let other = f.open().await?;
+    ensure!(
+        becomes_free(&other, &k, EXPIRY_SLACK).await?,
+        "the key stayed held after the at-most time"
+    );
+    Ok(Outcome::Passed)
+}
