@@ -50,6 +50,18 @@ pub struct RunArgs {
     /// failed renewal to be retried) = TTL × 0.48.
     #[arg(long, value_parser = duration::parse, verbatim_doc_comment)]
     grace: Option<Duration>,
+    /// A scheduled job's lower bound: the key stays blocked until this long
+    /// after the acquire request, by the store's clock, even when the
+    /// command ends sooner or `moltlock` is killed (so a job started by cron
+    /// on several hosts runs once per period). One plain key only.
+    #[arg(long, value_parser = duration::parse, value_name = "DURATION")]
+    at_least: Option<Duration>,
+    /// A scheduled job's upper bound: the lock is held at most this long
+    /// after the acquire request; the command is then stopped as when the
+    /// lock is lost (SIGTERM, SIGKILL after the grace) and the key freed.
+    /// One plain key only.
+    #[arg(long, value_parser = duration::parse, value_name = "DURATION")]
+    at_most: Option<Duration>,
     /// Wait in a fair (arrival-order) queue; only for stores that have one
     /// (etcd), and only for one plain key.
     #[arg(long, conflicts_with = "no_wait")]
@@ -149,6 +161,7 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
         pass_url: args.pass_url.then_some(url),
         ttl: args.ttl,
         grace,
+        at_most: args.at_most.is_some(),
     };
     let code = run.supervise(&mut signals).await;
     release(hold, &label).await;
@@ -168,6 +181,12 @@ fn lock_options(args: &RunArgs) -> (LockOptions, bool, bool) {
     }
     if args.fair {
         opts = opts.fair();
+    }
+    if let Some(least) = args.at_least {
+        opts = opts.at_least(least);
+    }
+    if let Some(most) = args.at_most {
+        opts = opts.at_most(most);
     }
     opts = opts.description(describe_self(&args.command));
     (opts, no_wait, one_attempt)

@@ -79,6 +79,8 @@ pub struct Supervised<'a> {
     pub ttl: Duration,
     /// The time between SIGTERM and SIGKILL.
     pub grace: Duration,
+    /// The hold has an `--at-most` time (its deadline may be that time).
+    pub at_most: bool,
 }
 
 impl Supervised<'_> {
@@ -190,8 +192,13 @@ impl Supervised<'_> {
         let label = self.mode.label();
         match stop {
             Stop::Deadline => {
+                let why = if self.at_most {
+                    "its --at-most time is up, or no renewal was confirmed in time"
+                } else {
+                    "no renewal was confirmed in time"
+                };
                 eprintln!(
-                    "moltlock: no renewal of {label} confirmed in time ({} left, --grace {}); \
+                    "moltlock: {label}: {why} ({} left, --grace {}); \
                      stopping the command: SIGTERM now, SIGKILL at the deadline",
                     duration::format(deadline.saturating_duration_since(now)),
                     duration::format(self.grace)

@@ -1217,3 +1217,129 @@ fn wrapper_faults_are_safe_on_etcd() {
     let etcd = fixtures::etcd::etcd().unwrap_or_else(|e| panic!("{e}"));
     wrapper_faults_are_safe(&etcd.url());
 }
+
+/// `--at-least`: a job that ends at once keeps the key blocked for the
+/// next run until its time, then frees it.
+#[test]
+fn at_least_blocks_the_next_run_until_its_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let k = key();
+    let started = Instant::now();
+    let first = moltlock(&url)
+        .args(["run", "--key", &k, "--at-least", "3s", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(first.status.success(), "{first:?}");
+    let again = moltlock(&url)
+        .args(["run", "--key", &k, "--no-wait", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(2800),
+        "too slow to check"
+    );
+    assert_eq!(
+        again.status.code(),
+        Some(75),
+        "the next run was not blocked"
+    );
+    std::thread::sleep(
+        (started + Duration::from_millis(3300)).saturating_duration_since(Instant::now()),
+    );
+    let later = moltlock(&url)
+        .args(["run", "--key", &k, "--no-wait", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(
+        later.status.success(),
+        "still blocked after --at-least: {later:?}"
+    );
+}
+
+/// `--at-most`: a job that runs on is stopped at its time (status 125)
+/// and the key is free for the next run at once.
+#[test]
+fn at_most_stops_a_job_that_runs_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let k = key();
+    let started = Instant::now();
+    let out = moltlock(&url)
+        .args([
+            "run",
+            "--key",
+            &k,
+            "--ttl",
+            "3s",
+            "--grace",
+            "300ms",
+            "--at-most",
+            "1500ms",
+            "--",
+            "sleep",
+            "30",
+        ])
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(
+        took >= Duration::from_millis(1100) && took < Duration::from_secs(3),
+        "stopped after {took:?}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--at-most"), "{stderr}");
+    let next = moltlock(&url)
+        .args(["run", "--key", &k, "--no-wait", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(next.status.success(), "the key stayed held: {next:?}");
+}
+
+/// `--at-least` survives a crash: with `moltlock run` SIGKILLed early, the
+/// key stays blocked by the store's clock until the at-least time, not
+/// only its (shorter) TTL.
+#[test]
+fn at_least_blocks_the_next_run_after_a_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let k = key();
+    let started = Instant::now();
+    let mut holder = moltlock(&url)
+        .args([
+            "run",
+            "--key",
+            &k,
+            "--ttl",
+            "1s",
+            "--at-least",
+            "4s",
+            "--",
+            "sleep",
+            "30",
+        ])
+        .spawn()
+        .unwrap();
+    wait_held(&url, &k);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    std::thread::sleep(
+        (started + Duration::from_millis(3000)).saturating_duration_since(Instant::now()),
+    );
+    let blocked = moltlock(&url)
+        .args(["run", "--key", &k, "--no-wait", "--", "true"])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(blocked.status.code(), Some(75), "free before --at-least");
+    let out = moltlock(&url)
+        .args(["run", "--key", &k, "--timeout", "5s", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "free before --at-least"
+    );
+}
