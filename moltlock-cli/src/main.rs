@@ -10,6 +10,7 @@ mod group;
 mod hold;
 mod mode;
 mod paint;
+mod revoke;
 mod run;
 mod status;
 mod store;
@@ -85,6 +86,10 @@ enum Command {
     Status(status::StatusArgs),
     /// Run the conformance suite against the store at --url.
     Conformance(conformance::CheckArgs),
+    /// Remove a key's current holder (read, then delete by its token, so a
+    /// newer holder is never removed). The holder's renewal then fails and
+    /// its `moltlock run` stops the command. Status 75 when there was none.
+    Revoke(revoke::RevokeArgs),
 }
 
 /// The command line, with the default store's actual path in `--help`.
@@ -169,6 +174,7 @@ async fn dispatch(cli: Cli, default_url: Option<String>) -> u8 {
         Command::Run(args) => run_command(&url, is_default, args).await,
         Command::Status(args) => status::status(&url, args).await.map_err(Failure::from),
         Command::Conformance(args) => conformance::check(&url, args).await.map_err(Failure::from),
+        Command::Revoke(args) => revoke::revoke(&url, args).await.map_err(Failure::from),
     };
     match result {
         Ok(code) => code,

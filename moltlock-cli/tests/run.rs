@@ -1343,3 +1343,33 @@ fn at_least_blocks_the_next_run_after_a_sigkill() {
         "free before --at-least"
     );
 }
+
+/// `moltlock revoke` removes a running holder: its command is stopped
+/// (status 125) and the key is free; revoking a free key says so (75).
+#[test]
+fn revoke_stops_the_holder_and_frees_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let k = key();
+    let holder = moltlock(&url)
+        .args([
+            "run", "--key", &k, "--ttl", "1s", "--grace", "300ms", "--", "sleep", "30",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_held(&url, &k);
+    let revoked = moltlock(&url)
+        .args(["revoke", "--key", &k])
+        .output()
+        .unwrap();
+    assert!(revoked.status.success(), "{revoked:?}");
+    assert!(String::from_utf8_lossy(&revoked.stdout).contains("revoked"));
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    let again = moltlock(&url)
+        .args(["revoke", "--key", &k])
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(75), "{again:?}");
+}

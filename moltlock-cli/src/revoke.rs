@@ -1,0 +1,35 @@
+//! `moltlock revoke`: remove a key's current holder, owner-checked.
+
+use clap::Args;
+use moltlock::{Error, LockManager};
+
+use crate::exit::{EXIT_BUSY, EXIT_OK};
+
+/// Options of `moltlock revoke`.
+#[derive(Args, Debug)]
+pub struct RevokeArgs {
+    /// The key whose holder to remove (as `moltlock status` lists it; the
+    /// slot keys of a semaphore or read-write lock too).
+    #[arg(long)]
+    key: String,
+}
+
+/// Reads the holder of the key and deletes by its token, so a newer holder
+/// is never removed. Status 0 when a holder was removed, 75 when the key
+/// was free (or changed hands meanwhile: run it again to remove the new
+/// holder).
+pub async fn revoke(url: &str, args: RevokeArgs) -> Result<u8, Error> {
+    let manager = LockManager::new(moltlock::connect(url).await?);
+    match manager.revoke(&args.key).await? {
+        Some(holder) => {
+            let fence = holder.fence.map_or_else(|| "?".into(), |f| f.to_string());
+            let who = holder.description.as_deref().unwrap_or("no description");
+            println!("revoked {} (fence {fence}, {who})", args.key);
+            Ok(EXIT_OK)
+        }
+        None => {
+            eprintln!("moltlock: {} has no holder to revoke", args.key);
+            Ok(EXIT_BUSY)
+        }
+    }
+}
