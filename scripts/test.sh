@@ -33,7 +33,8 @@ RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --workspace --all-feature
 # network stores' features.
 for crate in moltlock moltlock-cli; do
   tls=$(cargo tree -p "$crate" -e no-dev --prefix none |
-    grep -Ei '^(rustls|ring|rustls-webpki|webpki-roots|openssl|native-tls)[^ ]* v' | sort -u || true)
+    grep -Ei '^(rustls|ring|rustls-webpki|webpki-roots|openssl|native-tls)[^ ]* v' |
+    sed 's/ (\*)$//' | sort -u || true)
   if [ -n "$tls" ]; then
     echo "$crate with default features pulls in a TLS stack:" >&2
     echo "$tls" >&2
