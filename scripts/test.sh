@@ -21,6 +21,27 @@ if [ -z "${MOLTLOCK_MYSQL_URL:-}" ] && port_open 3306; then
 fi
 echo "shared stores: redis=${MOLTLOCK_REDIS_URL:-fixture} postgres=${MOLTLOCK_POSTGRES_URL:-fixture} mysql=${MOLTLOCK_MYSQL_URL:-fixture}"
 
+# The declared minimum Rust version against the locked dependencies (what
+# it checks and what it cannot: scripts/msrv.sh).
+bash scripts/msrv.sh
+
+# The API documentation builds without a warning (broken or private links,
+# two crates writing one page).
+RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --workspace --all-features --no-deps
+
+# A default build (SQLite only) compiles no TLS stack: TLS comes with the
+# network stores' features.
+for crate in moltlock moltlock-cli; do
+  tls=$(cargo tree -p "$crate" -e no-dev --prefix none |
+    grep -Ei '^(rustls|ring|rustls-webpki|webpki-roots|openssl|native-tls)[^ ]* v' |
+    sed 's/ (\*)$//' | sort -u || true)
+  if [ -n "$tls" ]; then
+    echo "$crate with default features pulls in a TLS stack:" >&2
+    echo "$tls" >&2
+    exit 1
+  fi
+done
+
 cargo test --workspace --all-features --no-fail-fast "$@"
 # The facade once more with its default features (SQLite only), so URLs of
 # backends that are not compiled in are checked to name their feature.

@@ -121,7 +121,7 @@ pub struct PrimResult {
 const WARM_UP: Duration = Duration::from_millis(300);
 
 /// [`run_loop`] after a short loop whose figures are dropped (a tenth of
-/// the budget, at most [`WARM_UP`] and 32 cycles per task), so that
+/// the budget, at most 300 ms and 32 cycles per task), so that
 /// whichever configuration runs first does not also pay for opening
 /// connections and preparing statements.
 ///

@@ -104,6 +104,30 @@ pub struct Check {
     pub met: bool,
 }
 
+/// One line of the summary: a store (and waiting mode) at a glance.
+#[derive(Clone, Debug, Serialize)]
+pub struct SummaryRow {
+    /// The store, with ` fair` for its fair queue.
+    pub store: String,
+    /// MoltLock ÷ floor, one task (`None`: throughput not measured).
+    pub uncontended_ratio: Option<f64>,
+    /// MoltLock ÷ floor, many tasks.
+    pub parallel_ratio: Option<f64>,
+    /// Median hand-off under contention, in microseconds.
+    pub handoff_p50_us: Option<f64>,
+    /// That median in bare round trips of the store.
+    pub handoff_p50_rtts: Option<f64>,
+    /// 99th percentile hand-off, in microseconds.
+    pub handoff_p99_us: Option<f64>,
+    /// The peer with the lowest hand-off p99 of the run, and how many times
+    /// its p99 is ours (above 1: ours is lower).
+    pub peer_p99: Option<(String, f64)>,
+    /// Targets of this store (and mode) met.
+    pub targets_met: usize,
+    /// Targets of this store (and mode) checked.
+    pub targets: usize,
+}
+
 /// A whole run.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Report {
@@ -152,6 +176,7 @@ impl Report {
             st.renewal_ttl_ms,
             st.sections.join(", ")
         );
+        self.summary_table(&mut s);
         if st.measured("throughput") {
             self.throughput_table(&mut s);
         } else {
@@ -167,6 +192,113 @@ impl Report {
         self.primitive_tables(&mut s);
         self.checks_table(&mut s);
         s
+    }
+
+    /// One line per store and waiting mode, computed from this run's
+    /// figures: MoltLock's ratio to the floor, its hand-off, its hand-off
+    /// tail against the best peer's and how many targets it met.
+    pub fn summary(&self) -> Vec<SummaryRow> {
+        let best_peer = self
+            .peers
+            .iter()
+            .filter(|p| p.error.is_none())
+            .filter_map(|p| Some((p.name.as_str(), p.contended.as_ref()?.handoff.p99_us)))
+            .filter(|(_, p99)| *p99 > 0.0)
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        let throughput = self.settings.measured("throughput");
+        let mut rows = Vec::new();
+        for b in self.backends.iter().filter(|b| b.error.is_none()) {
+            let modes = [("default", &b.contended), ("fair", &b.contended_fair)];
+            let mut any = false;
+            for (mode, c) in modes {
+                let Some(c) = c else { continue };
+                any = true;
+                rows.push(self.summary_row(b, mode, Some(c), best_peer, throughput));
+            }
+            if !any {
+                rows.push(self.summary_row(b, "default", None, best_peer, throughput));
+            }
+        }
+        rows
+    }
+
+    fn summary_row(
+        &self,
+        b: &BackendReport,
+        mode: &str,
+        c: Option<&ContendedResult>,
+        best_peer: Option<(&str, f64)>,
+        throughput: bool,
+    ) -> SummaryRow {
+        let store = match mode {
+            "default" => b.store.clone(),
+            _ => format!("{} {mode}", b.store),
+        };
+        // The store's own targets, and those of this waiting mode.
+        let mine = |what: &str| {
+            what.starts_with(&format!("{}: ", b.store))
+                || what.starts_with(&format!("{} {mode}: ", b.store))
+        };
+        let checks: Vec<&Check> = self.checks.iter().filter(|k| mine(&k.what)).collect();
+        let peer_p99 = match (best_peer, c) {
+            (Some((name, p99)), Some(c)) if c.handoff.p99_us > 0.0 => {
+                Some((name.to_owned(), ratio(p99, c.handoff.p99_us)))
+            }
+            _ => None,
+        };
+        SummaryRow {
+            store,
+            uncontended_ratio: throughput.then_some(b.uncontended_ratio),
+            parallel_ratio: throughput.then_some(b.parallel_ratio),
+            handoff_p50_us: c.map(|c| c.handoff.p50_us),
+            handoff_p50_rtts: c.map(|c| ratio(c.handoff.p50_us, b.rtt.p50_us)),
+            handoff_p99_us: c.map(|c| c.handoff.p99_us),
+            peer_p99,
+            targets_met: checks.iter().filter(|k| k.met).count(),
+            targets: checks.len(),
+        }
+    }
+
+    fn summary_table(&self, s: &mut String) {
+        let rows = self.summary();
+        if rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "### Summary\n\n\
+             | store | 1 task ÷ floor | {n} tasks ÷ floor | hand-off p50 µs (÷ RTT) | hand-off p99 µs | p99 vs best peer | targets met |\n\
+             |---|---:|---:|---:|---:|---|---:|",
+            n = self.settings.parallel_tasks
+        );
+        let or_dash = |v: Option<String>| v.unwrap_or_else(|| "–".to_owned());
+        for r in &rows {
+            let peer = r.peer_p99.as_ref().map(|(name, x)| {
+                let (x, how) = if *x >= 1.0 {
+                    (*x, "lower")
+                } else {
+                    (1.0 / x.max(f64::MIN_POSITIVE), "higher")
+                };
+                format!("{x:.1} × {how} than {name}")
+            });
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {}/{} |",
+                r.store,
+                or_dash(r.uncontended_ratio.map(|v| format!("{v:.2} ×"))),
+                or_dash(r.parallel_ratio.map(|v| format!("{v:.2} ×"))),
+                or_dash(
+                    r.handoff_p50_us
+                        .zip(r.handoff_p50_rtts)
+                        .map(|(us, x)| format!("{us:.0} ({x:.1} ×)"))
+                ),
+                or_dash(r.handoff_p99_us.map(|v| format!("{v:.0}"))),
+                or_dash(peer),
+                r.targets_met,
+                r.targets
+            );
+        }
+        s.push('\n');
     }
 
     fn throughput_table(&self, s: &mut String) {
@@ -432,6 +564,85 @@ fn check_backend(b: &BackendReport, peers: &[PeerReport], out: &mut Vec<Check>) 
             format!("{st}: < 2 KiB client memory per held lock"),
             format!("{:.0} bytes", r.bytes_per_lock),
             r.bytes_per_lock < 2048.0,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::Summary;
+
+    fn contended(p50_us: f64, p99_us: f64) -> ContendedResult {
+        ContendedResult {
+            handoff: Summary {
+                count: 100,
+                p50_us,
+                p99_us,
+                max_us: p99_us,
+            },
+            min_task_share: 0.1,
+            ..ContendedResult::default()
+        }
+    }
+
+    /// The summary is computed from the run's own figures: ratios, the
+    /// hand-off in round trips, the tail against the best peer, targets.
+    #[test]
+    fn summary_is_computed_from_the_figures() {
+        let mut report = Report {
+            settings: Settings {
+                sections: vec!["throughput".into(), "contended".into()],
+                parallel_tasks: 32,
+                ..Settings::default()
+            },
+            backends: vec![BackendReport {
+                store: "etcd".into(),
+                rtt: Summary {
+                    count: 10,
+                    p50_us: 400.0,
+                    p99_us: 500.0,
+                    max_us: 600.0,
+                },
+                uncontended_ratio: 0.95,
+                parallel_ratio: 0.5,
+                contended: Some(contended(1200.0, 4000.0)),
+                contended_fair: Some(contended(2000.0, 80_000.0)),
+                ..BackendReport::default()
+            }],
+            peers: vec![
+                PeerReport {
+                    name: "slow peer".into(),
+                    contended: Some(contended(50.0, 100_000.0)),
+                    ..PeerReport::default()
+                },
+                PeerReport {
+                    name: "best peer".into(),
+                    contended: Some(contended(90.0, 40_000.0)),
+                    ..PeerReport::default()
+                },
+            ],
+            checks: Vec::new(),
+        };
+        report.check();
+        let rows = report.summary();
+        assert_eq!(rows.len(), 2);
+        let (d, f) = (&rows[0], &rows[1]);
+        assert_eq!((d.store.as_str(), f.store.as_str()), ("etcd", "etcd fair"));
+        assert_eq!(d.uncontended_ratio, Some(0.95));
+        assert_eq!(d.handoff_p50_rtts, Some(3.0));
+        let peer = d.peer_p99.clone().unwrap_or_default();
+        assert_eq!((peer.0.as_str(), peer.1), ("best peer", 10.0));
+        assert_eq!(f.peer_p99.clone().unwrap_or_default().1, 0.5);
+        // default: uncontended met, parallel missed, overlap and starving
+        // met, hand-off p50 met (3.0 ×); fair adds its own four.
+        assert_eq!((d.targets_met, d.targets), (4, 5));
+        assert!(f.targets > d.targets);
+        let text = report.markdown();
+        assert!(text.contains("| etcd | 0.95 × | 0.50 × | 1200 (3.0 ×) | 4000 | 10.0 × lower than best peer | 4/5 |"), "{text}");
+        assert!(
+            text.contains("| etcd fair |") && text.contains("2.0 × higher than best peer"),
+            "{text}"
         );
     }
 }

@@ -237,6 +237,8 @@ fn markdown_has_every_section() {
         String::from_utf8_lossy(&out.stderr)
     );
     for section in [
+        "### Summary",
+        "| sqlite | ",
         "### Floor, uncontended and parallel",
         "### Contended: 3 tasks on one key",
         "### Renewal at scale",
@@ -251,6 +253,8 @@ fn markdown_has_every_section() {
         assert!(text.contains(section), "missing {section:?} in\n{text}");
     }
     assert!(!text.contains("error:"), "{text}");
+    let first = text.find("### ").and_then(|at| text[at..].lines().next());
+    assert_eq!(first, Some("### Summary"), "the summary opens the report");
 }
 
 /// `--only` runs just the sections named (the new ones here), on SQLite

@@ -85,7 +85,7 @@
 //!
 //! So by default the acquire script grants no free key while the server has
 //! been up for less than the restart quarantine (30 s,
-//! [`DEFAULT_RESTART_QUARANTINE`](crate::DEFAULT_RESTART_QUARANTINE)): it
+//! [`DEFAULT_RESTART_QUARANTINE`]): it
 //! reads `uptime_in_seconds` from `INFO server` and reports the key held
 //! (no holder) for the rest of the quarantine. The old holders' renewals are
 //! refused meanwhile (a renewal never recreates a vanished key) and their
@@ -103,8 +103,6 @@
 //! Not covered: a `FLUSHALL` or an eviction of lock keys without a restart
 //! (use `noeviction`), and a failover to a replica that missed the latest
 //! writes (asynchronous replication; see Limits).
-//!
-//! [`raise_fence`]: moltlock_core::Backend::raise_fence
 //!
 //! # Limits
 //!
@@ -132,7 +130,7 @@ mod scripts;
 pub use backend::{RedisBackend, MIN_TTL};
 pub use config::{
     Mode, RedisConfig, Secret, TlsFiles, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
-    DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_RESTART_QUARANTINE,
 };
 /// The Redis client library this backend is built on, for [`RedisBackend::from_client`].
 pub use redis;

@@ -1,6 +1,6 @@
 //! The flaws, each breaking one point of the contract.
 
-/// The flaw a [`Flawed`] backend has.
+/// The flaw a [`Flawed`](super::Flawed) backend has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Flaw {
     /// None: a correct backend, to show the self-tests can pass.
