@@ -111,10 +111,10 @@ pub trait FairQueue: Send + Sync {
 /// is held).
 #[async_trait]
 pub trait CasMulti: Send + Sync {
-    /// Atomically, for distinct `keys`: with [`MultiMode::All`], if every
+    /// Atomically, for distinct `keys`: with [`MultiMode::All`](crate::MultiMode::All), if every
     /// key is free (absent or expired), make `token` hold each of them for
     /// `ttl` with a fresh fence, and otherwise change nothing; with
-    /// [`MultiMode::Any`], make `token` hold the first free key in the
+    /// [`MultiMode::Any`](crate::MultiMode::Any), make `token` hold the first free key in the
     /// order given. No other client may ever see a part of an `All` set
     /// held. A key already held by `token` counts as held.
     ///

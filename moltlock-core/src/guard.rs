@@ -60,6 +60,11 @@ impl LockGuard {
         }
     }
 
+    /// The backend the hold is in.
+    pub(crate) fn manager_backend(&self) -> &Arc<dyn crate::Backend> {
+        &self.inner.backend
+    }
+
     /// The key held.
     pub fn key(&self) -> &LockKey {
         &self.hold.key

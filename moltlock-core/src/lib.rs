@@ -31,6 +31,7 @@ pub mod blocking;
 mod cleanup;
 mod clock;
 pub mod duration;
+mod election;
 mod error;
 mod events;
 mod features;
@@ -65,6 +66,7 @@ pub use async_trait::async_trait;
 pub use backend::{Backend, Limits, DEFAULT_LATE_WRITE};
 pub use clock::StoreClock;
 pub use duration::parse_duration;
+pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{redact_error, BoxError, Error, LostReason};
 pub use events::KeyEvents;
 pub use features::{

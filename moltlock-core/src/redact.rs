@@ -64,8 +64,9 @@ const SECRET_NAMES: [&str; 7] = [
     "api_key",
 ];
 
-/// `text` with user information and password-like parameters hidden; see
-/// the [module docs](self) for the exact rules. Never fails, never panics.
+/// `text` with the user information before the last `@` of every word and
+/// the values of password-like `name=value` parameters hidden (the rules are
+/// in the docs of this crate's `redact` source). Never fails, never panics.
 ///
 /// ```
 /// use moltlock_core::redact;

@@ -21,7 +21,7 @@ pub const RESERVED_MARK: &str = "#~";
 pub const DERIVED_ROOM: usize = 16;
 
 /// Longest holder description, in bytes (see
-/// [`Backend::describe`](crate::Backend::describe)).
+/// [`Describe::describe`](crate::Describe::describe)).
 pub const MAX_DESCRIPTION_LEN: usize = 256;
 
 /// Checks a holder description: at most [`MAX_DESCRIPTION_LEN`] bytes, no

@@ -12,6 +12,7 @@ macro_rules! ensure {
 
 mod cancel;
 mod common;
+mod election;
 mod exclusion;
 mod expiry;
 mod fair;
@@ -25,6 +26,7 @@ mod rwlock;
 mod semaphore;
 
 pub use cancel::*;
+pub use election::*;
 pub use exclusion::*;
 pub use expiry::*;
 pub use fair::*;
@@ -123,6 +125,9 @@ macro_rules! __cases {
                 lock_all_lost_fires_when_any_key_is_lost: "11 multi-locks, 4 lost signals",
                 job_at_least_blocks_after_an_early_release: "12 job locks, 3 expiry",
                 job_at_most_stops_the_holder: "12 job locks, 4 lost signals",
+                election_has_one_leader_under_churn: "13 elections, 1 mutual exclusion, 5 fencing",
+                election_cut_off_leader_knows_before_a_successor_leads: "13 elections, 4 lost signals",
+                election_dropped_campaign_leaves_no_candidate: "13 elections, 6 cancellation",
             ],
             watch: [
                 release_wakes_waiter_quickly: "waiting",
@@ -134,6 +139,7 @@ macro_rules! __cases {
                 inspect_and_list_are_exact: "inspect",
                 inspect_hides_expired_holds: "inspect, 3 expiry",
                 semaphore_limit_mismatch_is_reported: "9 semaphores, inspect",
+                election_observe_sees_every_term: "13 elections, inspect",
             ],
             fair_queue: [
                 fair_queue_serves_in_arrival_order: "fair queue",
@@ -148,6 +154,7 @@ macro_rules! __cases {
             ],
             describe: [
                 descriptions_belong_to_their_hold: "2 owner checks",
+                election_proclaim_is_owner_checked: "13 elections, 2 owner checks, describe",
             ],
             cas_multi: [
                 cas_multi_all_takes_nothing_when_one_is_held: "11 multi-locks, cas_multi",

@@ -44,6 +44,7 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
             "fences_increase_across_release",
             "hand_over_gives_a_fresh_fence",
             "semaphore_fences_rise_per_slot",
+            "election_has_one_leader_under_churn",
         ],
         Flaw::RenewsForeignToken => &["renew_with_foreign_token_changes_nothing"],
         Flaw::ExpiredTakeoverReadThenWrite => &["expired_key_race_has_one_winner"],
@@ -91,7 +92,10 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
         Flaw::KeyCaseInsensitive => &["keys_are_distinct_exactly"],
         Flaw::KeyTruncated => &["keys_are_distinct_exactly"],
         Flaw::HeldEchoesCaller => &["held_reply_names_the_real_holder"],
-        Flaw::DescribeIgnoresOwner => &["descriptions_belong_to_their_hold"],
+        Flaw::DescribeIgnoresOwner => &[
+            "descriptions_belong_to_their_hold",
+            "election_proclaim_is_owner_checked",
+        ],
         Flaw::DescriptionOutlivesHold => &["descriptions_belong_to_their_hold"],
         Flaw::LateLandingAfterCancel => &[
             "cancelled_acquires_leave_no_orphan",
