@@ -17,6 +17,9 @@ use crate::{
     check_description, Error, Fence, Held, HolderInfo, LockKey, LostReason, LostToken, Token,
 };
 
+/// What makes a leadership change: its term, its value, its holder.
+type Identity = (Option<Fence>, Option<String>, Token);
+
 /// How often [`Election::observe`] looks at the key while nothing notifies it.
 const OBSERVE_POLL: Duration = Duration::from_millis(200);
 
@@ -137,7 +140,7 @@ impl Election {
 
     async fn watch_changes(self, tx: mpsc::Sender<Result<Option<Leader>, Error>>) {
         let mut watch = self.mgr.open_watch(&self.key).await;
-        let mut last: Option<Option<(Option<Fence>, Option<String>, Token)>> = None;
+        let mut last: Option<Option<Identity>> = None;
         loop {
             let now = self.leader().await;
             let seen = match &now {
