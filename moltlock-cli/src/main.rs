@@ -5,6 +5,7 @@ mod conformance;
 mod derived;
 mod describe;
 mod duration;
+mod elect;
 mod exit;
 mod group;
 mod hold;
@@ -90,6 +91,14 @@ enum Command {
     /// newer holder is never removed). The holder's renewal then fails and
     /// its `moltlock run` stops the command. Status 75 when there was none.
     Revoke(revoke::RevokeArgs),
+    /// Run a command only while this node leads the election of --key:
+    /// campaign (in arrival order where the store has a fair queue), run
+    /// the command as `run` does, stop it if leadership is lost. With
+    /// --keep, campaign again whenever the command ends.
+    Elect(elect::ElectArgs),
+    /// Show the leader of the election of --key (its value, term and time
+    /// left; status 75 when nobody leads), or with --watch every change.
+    Leader(elect::LeaderArgs),
 }
 
 /// The command line, with the default store's actual path in `--help`.
@@ -135,7 +144,7 @@ fn main() -> ExitCode {
     // thread, which lives as long as the process (Linux sends the
     // parent-death signal when the forking *thread* ends). The conformance
     // suite's cases run in parallel on several.
-    let mut builder = if matches!(cli.command, Command::Run(_)) {
+    let mut builder = if matches!(cli.command, Command::Run(_) | Command::Elect(_)) {
         tokio::runtime::Builder::new_current_thread()
     } else {
         tokio::runtime::Builder::new_multi_thread()
@@ -175,6 +184,8 @@ async fn dispatch(cli: Cli, default_url: Option<String>) -> u8 {
         Command::Status(args) => status::status(&url, args).await.map_err(Failure::from),
         Command::Conformance(args) => conformance::check(&url, args).await.map_err(Failure::from),
         Command::Revoke(args) => revoke::revoke(&url, args).await.map_err(Failure::from),
+        Command::Elect(args) => elect_command(&url, is_default, args).await,
+        Command::Leader(args) => elect::leader(&url, args).await.map_err(Failure::from),
     };
     match result {
         Ok(code) => code,
@@ -185,7 +196,19 @@ async fn dispatch(cli: Cli, default_url: Option<String>) -> u8 {
     }
 }
 
+async fn elect_command(url: &str, is_default: bool, args: elect::ElectArgs) -> Result<u8, Failure> {
+    prepare_store(url, is_default)?;
+    elect::elect(url, args).await
+}
+
 async fn run_command(url: &str, is_default: bool, args: run::RunArgs) -> Result<u8, Failure> {
+    prepare_store(url, is_default)?;
+    run::run(url, args).await
+}
+
+/// Checks the store is one every process of the machine shares, and
+/// creates the per-user default store's folder when it is the one used.
+fn prepare_store(url: &str, is_default: bool) -> Result<(), Failure> {
     let default = store::default_url();
     store::check_shared(url, default.as_deref()).map_err(Failure::usage)?;
     if is_default {
@@ -198,7 +221,7 @@ async fn run_command(url: &str, is_default: bool, args: run::RunArgs) -> Result<
             })?;
         }
     }
-    run::run(url, args).await
+    Ok(())
 }
 
 #[cfg(test)]

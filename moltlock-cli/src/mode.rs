@@ -15,7 +15,7 @@ const MAX_COUNT: i64 = 1024;
 const MAX_NAMED: usize = 4;
 
 /// The lock options of `moltlock run`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct LockArgs {
     /// The lock's key (the name of the semaphore or read-write lock with
     /// --permits, --shared or --exclusive). Given more than once, every key

@@ -22,7 +22,7 @@ const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
 
 /// Options of `moltlock run`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct RunArgs {
     #[command(flatten)]
     lock: LockArgs,
@@ -81,6 +81,25 @@ pub struct RunArgs {
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
+    /// Set by `moltlock elect`: the leader's value, stored as the hold's
+    /// description (instead of this process's host, pid and command).
+    #[arg(skip)]
+    pub(crate) value: Option<String>,
+    /// Set by `moltlock elect`: wait in the store's fair queue when it has
+    /// one, so candidates win in arrival order.
+    #[arg(skip)]
+    pub(crate) fair_if_any: bool,
+}
+
+impl RunArgs {
+    /// The one plain key of the run, if it is one (not a semaphore, a
+    /// read-write lock or several keys).
+    pub(crate) fn plain_key(&self) -> Option<&str> {
+        match Mode::new(&self.lock, false) {
+            Ok(Mode::One(_)) => self.lock.key.first().map(String::as_str),
+            _ => None,
+        }
+    }
 }
 
 /// The largest `--grace` a TTL fits.
@@ -127,7 +146,8 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
         )));
     }
     let talk = args.verbose || std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let (opts, no_wait, one_attempt) = lock_options(&args);
+    let fair = args.fair || (args.fair_if_any && manager.backend().fair_queue().is_some());
+    let (opts, no_wait, one_attempt) = lock_options(&args, fair);
     let conflict = |default: u8| args.conflict_exit_code.unwrap_or(default);
     let acquired = tokio::select! {
         r = acquire(&manager, &mode, (opts, no_wait), talk) => r,
@@ -170,7 +190,7 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
 
 /// The acquisition's options, whether it makes one attempt only, and
 /// whether that attempt is `--timeout 0` (which reports a timeout).
-fn lock_options(args: &RunArgs) -> (LockOptions, bool, bool) {
+fn lock_options(args: &RunArgs, fair: bool) -> (LockOptions, bool, bool) {
     let mut opts = LockOptions::new();
     let one_attempt = args.timeout == Some(Duration::ZERO);
     let no_wait = args.no_wait || one_attempt;
@@ -179,7 +199,7 @@ fn lock_options(args: &RunArgs) -> (LockOptions, bool, bool) {
     } else if let Some(t) = args.timeout {
         opts = opts.timeout(t);
     }
-    if args.fair {
+    if fair {
         opts = opts.fair();
     }
     if let Some(least) = args.at_least {
@@ -188,7 +208,11 @@ fn lock_options(args: &RunArgs) -> (LockOptions, bool, bool) {
     if let Some(most) = args.at_most {
         opts = opts.at_most(most);
     }
-    opts = opts.description(describe_self(&args.command));
+    let description = args
+        .value
+        .clone()
+        .unwrap_or_else(|| describe_self(&args.command));
+    opts = opts.description(description);
     (opts, no_wait, one_attempt)
 }
 
