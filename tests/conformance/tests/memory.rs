@@ -31,6 +31,34 @@ mod migrating_both {
     moltlock_conformance::conformance_tests!(both(), without: [fair_queue, cas_multi]);
 }
 
+/// The suite again over a quorum of three memory stores: each client is a
+/// quorum over the same three.
+mod quorum_of_three {
+    use std::sync::Arc;
+
+    use moltlock_core::{Backend, MemoryBackend, QuorumBackend};
+
+    fn quorum() -> moltlock_conformance::Factory {
+        let stores = [
+            MemoryBackend::new(),
+            MemoryBackend::new(),
+            MemoryBackend::new(),
+        ];
+        moltlock_conformance::factory(move || {
+            let members: Vec<Arc<dyn Backend>> = stores
+                .iter()
+                .map(|s| Arc::new(s.clone()) as Arc<dyn Backend>)
+                .collect();
+            async move { QuorumBackend::new(members) }
+        })
+    }
+
+    moltlock_conformance::conformance_tests!(
+        quorum(),
+        without: [watch, fair_queue, describe, cas_multi]
+    );
+}
+
 /// Holds taken at scattered times are renewed together: once the first is
 /// due, every renewal request carries all of them, so the manager sends one
 /// request per interval however its holds were spread.

@@ -1,0 +1,435 @@
+//! A lock over N stores, of any kinds: held when a majority of them hold it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::{
+    Backend, CasOutcome, Error, Fence, Held, HolderInfo, Inspect, Limits, LockKey, RaiseFence,
+    Token,
+};
+
+/// The drift allowance a quorum grants before it stops counting replies.
+const DEFAULT_DRIFT: f64 = 0.02;
+
+/// A [`Backend`] over N member stores (etcd, Postgres, Redis, … mixed): a
+/// request holds the key when a majority of members granted it within
+/// `ttl × (1 − drift)` of the send; otherwise whatever it took, and whatever
+/// lands late, is deleted by its token. Fences are the largest of the
+/// majority's, and every member of that majority raises its fence minimum
+/// to it before the request returns, so any later majority (which shares a
+/// member with this one) gives a larger fence.
+///
+/// The manager and every primitive run over it unchanged. What a quorum
+/// buys: locks stay available while a minority of the stores is down or cut
+/// off. What it does not: it is no safer than its fences — a paused holder
+/// can still write after its lease ended (the critique of Redlock), so pass
+/// the fence to the resource. A Redis member without persistence must run
+/// with its restart quarantine, or a restart can hand out a key a majority
+/// still holds.
+#[derive(Clone)]
+pub struct QuorumBackend {
+    members: Vec<Arc<dyn Backend>>,
+    drift: f64,
+}
+
+impl std::fmt::Debug for QuorumBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.members.iter().map(|m| m.name()).collect();
+        f.debug_struct("QuorumBackend")
+            .field("members", &names)
+            .field("drift", &self.drift)
+            .finish()
+    }
+}
+
+/// What one member answered, by its index.
+type Reply = (usize, Result<CasOutcome, Error>);
+
+impl QuorumBackend {
+    /// A quorum over `members` (at least one; an odd count makes the most of
+    /// them). Every member must raise fences ([`Backend::fence_raiser`]) and
+    /// inspect holds ([`Backend::inspector`]).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for no members, or a member without those.
+    pub fn new(members: impl IntoIterator<Item = Arc<dyn Backend>>) -> Result<Self, Error> {
+        let members: Vec<_> = members.into_iter().collect();
+        if members.is_empty() {
+            return Err(Error::Config("a quorum needs at least one member".into()));
+        }
+        for m in &members {
+            if m.fence_raiser().is_none() || m.inspector().is_none() {
+                return Err(Error::Config(format!(
+                    "quorum member {} cannot raise fences and inspect holds, which a quorum needs",
+                    m.name()
+                )));
+            }
+        }
+        Ok(Self {
+            members,
+            drift: DEFAULT_DRIFT,
+        })
+    }
+
+    /// The clock-drift allowance: replies count only until
+    /// `ttl × (1 − drift)` after the send. Clamped to 0..=0.5.
+    pub fn drift(mut self, drift: f64) -> Self {
+        self.drift = if drift.is_finite() {
+            drift.clamp(0.0, 0.5)
+        } else {
+            DEFAULT_DRIFT
+        };
+        self
+    }
+
+    /// The member stores.
+    pub fn members(&self) -> &[Arc<dyn Backend>] {
+        &self.members
+    }
+
+    /// How many members make a majority.
+    pub fn majority(&self) -> usize {
+        self.members.len() / 2 + 1
+    }
+
+    /// Sends `cas` to every member, each in a task of its own (a reply that
+    /// comes after the decision is still seen, by the cleanup).
+    fn send_all(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> JoinSet<Reply> {
+        let mut set = JoinSet::new();
+        for (i, member) in self.members.iter().enumerate() {
+            let (member, key, new) = (member.clone(), key.clone(), new.clone());
+            let expected = expected.cloned();
+            set.spawn(async move { (i, member.cas(&key, expected.as_ref(), &new, ttl).await) });
+        }
+        set
+    }
+
+    /// Counts replies until a majority granted, a majority can no longer
+    /// grant, or the counting time is over.
+    async fn count(&self, set: &mut JoinSet<Reply>, until: Instant) -> Tally {
+        let mut tally = Tally::default();
+        let need = self.majority();
+        while tally.granted.len() < need && self.members.len() - tally.refusals() >= need {
+            let Ok(Some(joined)) = tokio::time::timeout_at(until, set.join_next()).await else {
+                break;
+            };
+            match joined {
+                Ok((i, Ok(CasOutcome::Acquired { fence }))) => tally.granted.push((i, fence)),
+                Ok((_, Ok(CasOutcome::Held(held)))) => tally.held.push(held),
+                Ok((_, Err(e))) => tally.errors.push(e),
+                Err(e) => tally
+                    .errors
+                    .push(Error::store("quorum", e.to_string(), true)),
+            }
+        }
+        tally
+    }
+
+    /// Deletes by `token`, in the background, what the granting members
+    /// took and what lands late.
+    fn undo(&self, key: &LockKey, token: &Token, granted: &[(usize, Fence)], set: JoinSet<Reply>) {
+        let members = self.members.clone();
+        let taken: Vec<usize> = granted.iter().map(|(i, _)| *i).collect();
+        let (key, token) = (key.clone(), token.clone());
+        let mut set = set;
+        tokio::spawn(async move {
+            let mut undone = JoinSet::new();
+            for i in taken {
+                if let Some(m) = members.get(i).cloned() {
+                    let (key, token) = (key.clone(), token.clone());
+                    undone.spawn(async move { m.delete(&key, &token).await });
+                }
+            }
+            while let Some(joined) = set.join_next().await {
+                if let Ok((i, Ok(CasOutcome::Acquired { .. }))) = joined {
+                    if let Some(m) = members.get(i) {
+                        let _ = m.delete(&key, &token).await;
+                    }
+                }
+            }
+            while undone.join_next().await.is_some() {}
+        });
+    }
+
+    /// Raises the fence minimum of the members at `indices` to `fence`;
+    /// done once `need` of them did (the rest go on in the background).
+    async fn raise_on(
+        &self,
+        key: &LockKey,
+        indices: &[usize],
+        fence: Fence,
+        need: usize,
+    ) -> Result<(), Error> {
+        let mut set = JoinSet::new();
+        for i in indices {
+            let Some(m) = self.members.get(*i).cloned() else {
+                continue;
+            };
+            let key = key.clone();
+            set.spawn(async move {
+                match m.fence_raiser() {
+                    Some(r) => r.raise_fence(&key, fence).await,
+                    None => Err(Error::Unsupported {
+                        backend: m.name(),
+                        what: "raise fence",
+                    }),
+                }
+            });
+        }
+        let (mut done, mut last) = (0, None);
+        while done < need {
+            let Some(joined) = set.join_next().await else {
+                break;
+            };
+            match joined {
+                Ok(Ok(())) => done += 1,
+                Ok(Err(e)) => last = Some(e),
+                Err(e) => last = Some(Error::store("quorum", e.to_string(), true)),
+            }
+        }
+        set.detach_all();
+        match last {
+            Some(e) if done < need => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// No majority of the members answered in time.
+fn no_majority() -> Error {
+    Error::Unavailable {
+        backend: "quorum",
+        message: "no majority of the members answered in time".into(),
+        source: None,
+    }
+}
+
+/// The replies counted so far.
+#[derive(Default)]
+struct Tally {
+    granted: Vec<(usize, Fence)>,
+    held: Vec<Held>,
+    errors: Vec<Error>,
+}
+
+impl Tally {
+    fn refusals(&self) -> usize {
+        self.held.len() + self.errors.len()
+    }
+
+    /// What a request that did not reach a majority reports: busy when a
+    /// member said so, else the first error.
+    fn failure(mut self) -> Result<CasOutcome, Error> {
+        if let Some(held) = self.held.iter().find(|h| h.holder.is_some()).cloned() {
+            return Ok(CasOutcome::Held(held));
+        }
+        if !self.held.is_empty() {
+            return Ok(CasOutcome::Held(Held::default()));
+        }
+        match self.errors.pop() {
+            Some(e) => Err(e),
+            None => Err(no_majority()),
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for QuorumBackend {
+    /// One request to every member at once; see [`QuorumBackend`].
+    ///
+    /// # Cancel safety
+    /// A dropped call drops the members' requests, which may still land:
+    /// the manager's owner-checked deletes (through [`delete`](Self::delete),
+    /// to every member) remove them, for the longest late-write bound of
+    /// the members.
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        let until = Instant::now() + ttl.mul_f64(1.0 - self.drift);
+        let mut set = self.send_all(key, expected, new, ttl);
+        let tally = self.count(&mut set, until).await;
+        if tally.granted.len() < self.majority() {
+            self.undo(key, new, &tally.granted, set);
+            return tally.failure();
+        }
+        // The rest may still land: they hold `new` too, and are renewed and
+        // released with the others.
+        set.detach_all();
+        let fence = tally
+            .granted
+            .iter()
+            .map(|(_, f)| *f)
+            .max()
+            .unwrap_or(Fence(0));
+        let renewal = expected == Some(new);
+        if !renewal {
+            // Any later majority shares a member with every majority of
+            // these, so a majority of them raising is enough.
+            let granted: Vec<usize> = tally.granted.iter().map(|(i, _)| *i).collect();
+            let raising = self.raise_on(key, &granted, fence, self.majority());
+            let raised = tokio::time::timeout_at(until, raising).await;
+            if let Err(e) = raised.unwrap_or_else(|_| Err(no_majority())) {
+                self.undo(key, new, &tally.granted, JoinSet::new());
+                return Err(e);
+            }
+        }
+        Ok(CasOutcome::Acquired { fence })
+    }
+
+    /// Deletes by `owner` on every member; `true` when a majority held it.
+    /// Returns once the answers decide it; the other deletes go on in the
+    /// background.
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        let mut set = JoinSet::new();
+        for m in &self.members {
+            let (m, key, owner) = (m.clone(), key.clone(), owner.clone());
+            set.spawn(async move { m.delete(&key, &owner).await });
+        }
+        let need = self.majority();
+        let (mut yes, mut no, mut errors) = (0, 0, Vec::new());
+        while yes < need && no + errors.len() <= self.members.len() - need {
+            let Some(joined) = set.join_next().await else {
+                break;
+            };
+            match joined {
+                Ok(Ok(true)) => yes += 1,
+                Ok(Ok(false)) => no += 1,
+                Ok(Err(e)) => errors.push(e),
+                Err(e) => errors.push(Error::store("quorum", e.to_string(), true)),
+            }
+        }
+        set.detach_all();
+        if yes >= need || no > self.members.len() - need {
+            return Ok(yes >= need);
+        }
+        match errors.pop() {
+            Some(e) => Err(e),
+            None => Ok(false),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "quorum"
+    }
+
+    fn limits(&self) -> Limits {
+        let mut all = self.members.iter().map(|m| m.limits());
+        let first = all.next().unwrap_or_default();
+        all.fold(first, Limits::both)
+    }
+
+    /// The earliest of the members' (a member that counted may be any).
+    fn earliest_expiry(&self, ttl: Duration, sent_at: Instant) -> Instant {
+        self.members
+            .iter()
+            .map(|m| m.earliest_expiry(ttl, sent_at))
+            .min()
+            .unwrap_or(sent_at)
+    }
+
+    fn inspector(&self) -> Option<&dyn Inspect> {
+        Some(self)
+    }
+
+    fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
+        Some(self)
+    }
+}
+
+/// The holder a majority of member answers agree on.
+fn agreed(answers: Vec<HolderInfo>, need: usize) -> Option<HolderInfo> {
+    let mut best: Option<(usize, HolderInfo)> = None;
+    for a in &answers {
+        let same: Vec<&HolderInfo> = answers.iter().filter(|b| b.holder == a.holder).collect();
+        if same.len() >= need && best.as_ref().is_none_or(|(n, _)| same.len() > *n) {
+            let mut info = a.clone();
+            info.fence = same.iter().filter_map(|b| b.fence).max();
+            info.expires_in = same.iter().filter_map(|b| b.expires_in).min();
+            best = Some((same.len(), info));
+        }
+    }
+    best.map(|(_, info)| info)
+}
+
+#[async_trait]
+impl Inspect for QuorumBackend {
+    /// The holder a majority of members report; returns as soon as the
+    /// answers decide it.
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        let mut set = JoinSet::new();
+        for m in &self.members {
+            let (m, key) = (m.clone(), key.clone());
+            set.spawn(async move {
+                match m.inspector() {
+                    Some(i) => i.inspect(&key).await,
+                    None => Ok(None),
+                }
+            });
+        }
+        let need = self.majority();
+        let (mut answers, mut free, mut failed) = (Vec::new(), 0, None);
+        while let Some(joined) = set.join_next().await {
+            match joined {
+                Ok(Ok(Some(info))) => answers.push(info),
+                Ok(Ok(None)) => free += 1,
+                Ok(Err(e)) => failed = Some(e),
+                Err(e) => failed = Some(Error::store("quorum", e.to_string(), true)),
+            }
+            if free > self.members.len() - need {
+                break;
+            }
+            if agreed(answers.clone(), need).is_some() {
+                break;
+            }
+        }
+        set.detach_all();
+        let found = agreed(answers, need);
+        match (found, failed) {
+            (None, Some(e)) if free <= self.members.len() - need => Err(e),
+            (found, _) => Ok(found),
+        }
+    }
+
+    /// Every hold a majority of members report, sorted by key.
+    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
+        let mut all: Vec<HolderInfo> = Vec::new();
+        for m in &self.members {
+            let Some(inspector) = m.inspector() else {
+                continue;
+            };
+            all.extend(inspector.list(prefix).await?);
+        }
+        let mut keys: Vec<String> = all.iter().map(|h| h.key.clone()).collect();
+        keys.sort();
+        keys.dedup();
+        let need = self.majority();
+        Ok(keys
+            .into_iter()
+            .filter_map(|k| agreed(all.iter().filter(|h| h.key == k).cloned().collect(), need))
+            .collect())
+    }
+}
+
+#[async_trait]
+impl RaiseFence for QuorumBackend {
+    /// Raises the minimum on every member; returns once a majority did
+    /// (the others go on in the background).
+    async fn raise_fence(&self, key: &LockKey, minimum: Fence) -> Result<(), Error> {
+        let all: Vec<usize> = (0..self.members.len()).collect();
+        self.raise_on(key, &all, minimum, self.majority()).await
+    }
+}

@@ -1,0 +1,176 @@
+//! The quorum backend's own points, over memory stores behind partition
+//! and delay wrappers: it survives a minority down, refuses without a
+//! majority (leaving nothing held), keeps fences rising across different
+//! majorities, and cleans up a grant that lands late.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests unwrap
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use moltlock_conformance::{Bare, Delay, Partition};
+use moltlock_core::{Backend, Error, Inspect, LockKey, LockManager, MemoryBackend, QuorumBackend};
+
+const TTL: Duration = Duration::from_secs(2);
+
+/// Three memory stores, each behind a partition switch, and a manager over
+/// a quorum of them.
+fn three() -> (Vec<MemoryBackend>, Vec<Partition>, LockManager) {
+    let stores = vec![
+        MemoryBackend::new(),
+        MemoryBackend::new(),
+        MemoryBackend::new(),
+    ];
+    let cuts: Vec<Partition> = stores
+        .iter()
+        .map(|s| Partition::new(Arc::new(s.clone())))
+        .collect();
+    let members: Vec<Arc<dyn Backend>> = cuts
+        .iter()
+        .map(|c| Arc::new(c.clone()) as Arc<dyn Backend>)
+        .collect();
+    let quorum = QuorumBackend::new(members).unwrap();
+    let mgr = LockManager::builder(quorum).ttl(TTL).build().unwrap();
+    (stores, cuts, mgr)
+}
+
+async fn holds(store: &MemoryBackend, key: &str) -> bool {
+    store
+        .inspect(&LockKey::new(key).unwrap())
+        .await
+        .unwrap()
+        .is_some()
+}
+
+#[tokio::test]
+async fn one_member_down_changes_nothing() {
+    let (stores, cuts, mgr) = three();
+    cuts[2].cut();
+    let guard = mgr.lock("k").await.unwrap();
+    tokio::time::sleep(TTL * 2).await;
+    assert!(guard.is_held(), "renewal needs only a majority");
+    assert!(holds(&stores[0], "k").await && holds(&stores[1], "k").await);
+    guard.release().await.unwrap();
+    assert!(!holds(&stores[0], "k").await, "the release missed a member");
+    cuts[2].heal();
+}
+
+#[tokio::test]
+async fn without_a_majority_nothing_is_acquired_or_left_held() {
+    let (stores, cuts, mgr) = three();
+    cuts[1].cut();
+    cuts[2].cut();
+    let got = mgr.lock_timeout("k", Duration::from_millis(800)).await;
+    assert!(matches!(got, Err(Error::Timeout { .. })), "{got:?}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !holds(&stores[0], "k").await,
+        "a minority grant was left held"
+    );
+    cuts[1].heal();
+    cuts[2].heal();
+}
+
+#[tokio::test]
+async fn a_holder_that_loses_its_majority_loses_the_lock() {
+    let (_stores, cuts, mgr) = three();
+    let guard = mgr.lock("k").await.unwrap();
+    cuts[0].cut();
+    cuts[1].cut();
+    let reason = tokio::time::timeout(TTL * 2, guard.lost()).await;
+    assert!(
+        reason.is_ok(),
+        "the holder kept the lock on one member of three"
+    );
+    cuts[0].heal();
+    cuts[1].heal();
+}
+
+#[tokio::test]
+async fn fences_rise_across_different_majorities() {
+    let (_stores, cuts, mgr) = three();
+    // Make member C's fence counter run far ahead, alone.
+    let mut fences = Vec::new();
+    for _ in 0..3 {
+        cuts[0].cut();
+        let g = mgr.lock("k").await.unwrap(); // {B, C}
+        fences.push(g.fence());
+        g.release().await.unwrap();
+        cuts[0].heal();
+        cuts[2].cut();
+        let g = mgr.lock("k").await.unwrap(); // {A, B}
+        fences.push(g.fence());
+        g.release().await.unwrap();
+        cuts[2].heal();
+        cuts[1].cut();
+        let g = mgr.lock("k").await.unwrap(); // {A, C}
+        fences.push(g.fence());
+        g.release().await.unwrap();
+        cuts[1].heal();
+    }
+    assert!(
+        fences.windows(2).all(|w| w[1] > w[0]),
+        "fences went backwards across majorities: {fences:?}"
+    );
+}
+
+/// C's requests land 1.6 s after they are sent and reply 100 ms later,
+/// past the counting time (1.5 s: a 3 s TTL with drift 0.5), with B cut
+/// off: refused, and C's grant, which would live until 4.6 s, is deleted
+/// when its reply comes (the delete lands at 3.3 s).
+#[tokio::test]
+async fn a_grant_that_lands_after_the_decision_is_deleted() {
+    let stores = [
+        MemoryBackend::new(),
+        MemoryBackend::new(),
+        MemoryBackend::new(),
+    ];
+    let b_cut = Partition::new(Arc::new(stores[1].clone()));
+    let slow = Delay::new(
+        Arc::new(stores[2].clone()),
+        Duration::from_millis(1600),
+        Duration::from_millis(100),
+    );
+    let members: Vec<Arc<dyn Backend>> = vec![
+        Arc::new(stores[0].clone()),
+        Arc::new(b_cut.clone()),
+        Arc::new(slow),
+    ];
+    let quorum = QuorumBackend::new(members).unwrap().drift(0.5);
+    b_cut.cut();
+    let started = tokio::time::Instant::now();
+    // The backend alone, without a manager's cleanup behind it.
+    let key = LockKey::new("k").unwrap();
+    let token = moltlock_core::Token::random();
+    let got = quorum.cas(&key, None, &token, Duration::from_secs(3)).await;
+    assert!(
+        !matches!(got, Ok(moltlock_core::CasOutcome::Acquired { .. })),
+        "acquired on one member of three"
+    );
+    tokio::time::sleep_until(started + Duration::from_millis(1800)).await;
+    assert!(
+        holds(&stores[2], "k").await,
+        "the slow request did not land"
+    );
+    tokio::time::sleep_until(started + Duration::from_millis(3700)).await;
+    assert!(
+        !holds(&stores[2], "k").await,
+        "the late grant was left held"
+    );
+    assert!(
+        !holds(&stores[0], "k").await,
+        "the minority grant was left held"
+    );
+    b_cut.heal();
+}
+
+#[test]
+fn members_must_raise_fences_and_inspect() {
+    let members: Vec<Arc<dyn Backend>> =
+        vec![Arc::new(Bare::default()), Arc::new(MemoryBackend::new())];
+    assert!(matches!(QuorumBackend::new(members), Err(Error::Config(_))));
+    assert!(matches!(
+        QuorumBackend::new(Vec::<Arc<dyn Backend>>::new()),
+        Err(Error::Config(_))
+    ));
+}
