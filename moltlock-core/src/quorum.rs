@@ -12,6 +12,10 @@ use crate::{
     Token,
 };
 
+/// How long an inspection waits for the members still to answer once a
+/// majority has.
+const LATE_ANSWER: Duration = Duration::from_millis(250);
+
 /// The drift allowance a quorum grants before it stops counting replies.
 const DEFAULT_DRIFT: f64 = 0.02;
 
@@ -266,16 +270,21 @@ impl Backend for QuorumBackend {
             self.undo(key, new, &tally.granted, set);
             return tally.failure();
         }
-        // The rest may still land: they hold `new` too, and are renewed and
-        // released with the others.
-        set.detach_all();
+        // The hold lives on the members that counted: a grant that lands
+        // later is deleted, so what inspect reports (fence, expiry) is what
+        // the caller was told.
+        let renewal = expected == Some(new);
+        if renewal {
+            set.detach_all();
+        } else {
+            self.undo(key, new, &[], set);
+        }
         let fence = tally
             .granted
             .iter()
             .map(|(_, f)| *f)
             .max()
             .unwrap_or(Fence(0));
-        let renewal = expected == Some(new);
         if !renewal {
             // Any later majority shares a member with every majority of
             // these, so a majority of them raising is enough.
@@ -332,13 +341,26 @@ impl Backend for QuorumBackend {
         all.fold(first, Limits::both)
     }
 
-    /// The earliest of the members' (a member that counted may be any).
+    /// The earliest of the members' bounds that could belong to this
+    /// request. Every member that granted it promises at least half the TTL
+    /// from the send (a store that bounds by a session lease, as etcd, only
+    /// hands out leases with two thirds of their TTL left); a lower bound is
+    /// a member that did not grant it (an etcd session lease nothing renews
+    /// any more), and is left out. Counting a member that did not grant it
+    /// can only make the bound earlier. Fewer than a majority promising:
+    /// no validity at all.
     fn earliest_expiry(&self, ttl: Duration, sent_at: Instant) -> Instant {
-        self.members
+        let floor = sent_at + ttl / 2;
+        let promised: Vec<Instant> = self
+            .members
             .iter()
             .map(|m| m.earliest_expiry(ttl, sent_at))
-            .min()
-            .unwrap_or(sent_at)
+            .filter(|e| *e >= floor)
+            .collect();
+        if promised.len() < self.majority() {
+            return sent_at;
+        }
+        promised.into_iter().min().unwrap_or(sent_at)
     }
 
     fn inspector(&self) -> Option<&dyn Inspect> {
@@ -350,14 +372,21 @@ impl Backend for QuorumBackend {
     }
 }
 
-/// The holder a majority of member answers agree on.
+/// The holder a majority of member answers agree on. Its fence is the
+/// largest of theirs when exactly a majority agree (the members that
+/// counted); with more, one of them may be a grant that landed late and is
+/// being deleted, whose fence the holder was never told, so none is given.
 fn agreed(answers: Vec<HolderInfo>, need: usize) -> Option<HolderInfo> {
     let mut best: Option<(usize, HolderInfo)> = None;
     for a in &answers {
         let same: Vec<&HolderInfo> = answers.iter().filter(|b| b.holder == a.holder).collect();
         if same.len() >= need && best.as_ref().is_none_or(|(n, _)| same.len() > *n) {
             let mut info = a.clone();
-            info.fence = same.iter().filter_map(|b| b.fence).max();
+            info.fence = if same.len() == need {
+                same.iter().filter_map(|b| b.fence).max()
+            } else {
+                None
+            };
             info.expires_in = same.iter().filter_map(|b| b.expires_in).min();
             best = Some((same.len(), info));
         }
@@ -382,18 +411,25 @@ impl Inspect for QuorumBackend {
         }
         let need = self.majority();
         let (mut answers, mut free, mut failed) = (Vec::new(), 0, None);
-        while let Some(joined) = set.join_next().await {
+        // Every answer counts (how many agree decides the fence), but once
+        // a majority answered, a member that hangs is waited for briefly.
+        let mut answered = 0;
+        loop {
+            let next = if answered >= need {
+                match tokio::time::timeout(LATE_ANSWER, set.join_next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                }
+            } else {
+                set.join_next().await
+            };
+            let Some(joined) = next else { break };
+            answered += 1;
             match joined {
                 Ok(Ok(Some(info))) => answers.push(info),
                 Ok(Ok(None)) => free += 1,
                 Ok(Err(e)) => failed = Some(e),
                 Err(e) => failed = Some(Error::store("quorum", e.to_string(), true)),
-            }
-            if free > self.members.len() - need {
-                break;
-            }
-            if agreed(answers.clone(), need).is_some() {
-                break;
             }
         }
         set.detach_all();

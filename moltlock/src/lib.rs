@@ -51,6 +51,9 @@
 
 use std::sync::Arc;
 
+mod quorum_url;
+pub use quorum_url::parse_quorum;
+
 pub use moltlock_core::*;
 
 mod store_config;
@@ -86,6 +89,8 @@ pub enum Store {
     Mysql,
     /// A migration between two stores (`migrate+<phase>:<old>|<new>`).
     Migrate,
+    /// A quorum over several stores (`quorum:<url>|<url>|…`).
+    Quorum,
 }
 
 impl Store {
@@ -97,6 +102,9 @@ impl Store {
         let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or_default();
         if scheme.to_ascii_lowercase().starts_with("migrate+") {
             return Ok(Self::Migrate);
+        }
+        if scheme.eq_ignore_ascii_case("quorum") {
+            return Ok(Self::Quorum);
         }
         match scheme.to_ascii_lowercase().as_str() {
             "etcd" | "etcds" => Ok(Self::Etcd),
@@ -121,6 +129,7 @@ impl Store {
             Self::Sqlite => "sqlite",
             Self::Mysql => "mysql",
             Self::Migrate => "the features of both stores",
+            Self::Quorum => "the features of every member store",
         }
     }
 
@@ -132,7 +141,7 @@ impl Store {
             Self::Postgres => cfg!(feature = "postgres"),
             Self::Sqlite => cfg!(feature = "sqlite"),
             Self::Mysql => cfg!(feature = "mysql"),
-            Self::Migrate => true,
+            Self::Migrate | Self::Quorum => true,
         }
     }
 
@@ -205,7 +214,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, Error> {
 /// as `postgres:/user:pw@host/db` would otherwise reach a default server with
 /// the rest taken as a path (a database name the server then echoes back).
 fn check_authority(store: Store, url: &str) -> Result<(), Error> {
-    if matches!(store, Store::Sqlite | Store::Migrate) {
+    if matches!(store, Store::Sqlite | Store::Migrate | Store::Quorum) {
         return Ok(());
     }
     let Some((scheme, rest)) = url.split_once(':') else {
@@ -241,6 +250,7 @@ async fn open_migration(url: &str) -> Result<Arc<dyn Backend>, Error> {
 async fn open(store: Store, url: &str) -> Result<Arc<dyn Backend>, Error> {
     match store {
         Store::Migrate => open_migration(url).await,
+        Store::Quorum => quorum_url::open_quorum(url).await,
         #[cfg(feature = "etcd")]
         Store::Etcd => Ok(Arc::new(etcd::EtcdBackend::from_url(url).await?)),
         #[cfg(feature = "redis")]
