@@ -44,6 +44,9 @@
 //! A URL whose backend was not compiled in gives an [`Error::Config`] that
 //! names the missing feature.
 //!
+//! **A quorum over several stores**: `quorum:<url>|<url>|<url>` gives a
+//! [`QuorumBackend`] over the stores the URLs name, of any kinds.
+//!
 //! **Migrating between stores**: `migrate+<phase>:<old url>|<new url>`, with
 //! phase `old`, `both` or `new`, gives a [`MigratingBackend`] — for example
 //! `migrate+both:redis://10.0.0.5:6379/|etcd://10.0.0.7:2379`. See
