@@ -7,6 +7,20 @@ use moltlock_core::LostReason;
 
 use super::common::*;
 
+/// A client, a fresh election name, and an election on it (TTL 3 × the
+/// short TTL).
+async fn open_election(
+    f: &Factory,
+    case: &str,
+) -> Result<(Arc<dyn Backend>, String, moltlock_core::Election), String> {
+    let name = key(case);
+    let b = f.open().await?;
+    let election = manager(&b, short_ttl(&b) * 3)?
+        .election(&name)
+        .map_err(err)?;
+    Ok((b, name, election))
+}
+
 /// Candidates on two clients campaign, lead briefly and resign, over and
 /// over: never two leaders at once, and each leader's term is above the
 /// last one's.
@@ -102,10 +116,7 @@ pub async fn election_cut_off_leader_knows_before_a_successor_leads(f: Factory) 
 /// A campaign dropped while it waits leaves no candidate: once the leader
 /// resigns, the key is free, and nobody leads.
 pub async fn election_dropped_campaign_leaves_no_candidate(f: Factory) -> CaseResult {
-    let name = key("election-dropped");
-    let b = f.open().await?;
-    let m = manager(&b, short_ttl(&b) * 3)?;
-    let election = m.election(&name).map_err(err)?;
+    let (b, name, election) = open_election(&f, "election-dropped").await?;
     let lead = election.campaign("leader").await.map_err(err)?;
     let waiting = election.campaign("waiter");
     let early = tokio::time::timeout(Duration::from_millis(200), waiting).await;
@@ -127,10 +138,7 @@ pub async fn election_dropped_campaign_leaves_no_candidate(f: Factory) -> CaseRe
 /// `leader()` reports the value and term; `proclaim` changes the value
 /// only while its leader holds the leadership.
 pub async fn election_proclaim_is_owner_checked(f: Factory) -> CaseResult {
-    let name = key("election-proclaim");
-    let b = f.open().await?;
-    let m = manager(&b, short_ttl(&b) * 3)?;
-    let election = m.election(&name).map_err(err)?;
+    let (b, name, election) = open_election(&f, "election-proclaim").await?;
     let first = election.campaign("first").await.map_err(err)?;
     first.proclaim("first, proclaimed").await.map_err(err)?;
     let seen = election
@@ -180,10 +188,7 @@ pub async fn election_proclaim_is_owner_checked(f: Factory) -> CaseResult {
 /// Five leaders one after the other: an observer sees each one's term, in
 /// order, and nobody leading at the end.
 pub async fn election_observe_sees_every_term(f: Factory) -> CaseResult {
-    let name = key("election-observe");
-    let b = f.open().await?;
-    let m = manager(&b, short_ttl(&b) * 3)?;
-    let election = m.election(&name).map_err(err)?;
+    let (b, name, election) = open_election(&f, "election-observe").await?;
     let mut observer = election.observe();
     let mut terms = Vec::new();
     for i in 0..5 {
