@@ -138,7 +138,7 @@ pub async fn election_dropped_campaign_leaves_no_candidate(f: Factory) -> CaseRe
 /// `leader()` reports the value and term; `proclaim` changes the value
 /// only while its leader holds the leadership.
 pub async fn election_proclaim_is_owner_checked(f: Factory) -> CaseResult {
-    let (b, name, election) = open_election(&f, "election-proclaim").await?;
+    let (b, _, election) = open_election(&f, "election-proclaim").await?;
     let first = election.campaign("first").await.map_err(err)?;
     first.proclaim("first, proclaimed").await.map_err(err)?;
     let seen = election
@@ -188,7 +188,7 @@ pub async fn election_proclaim_is_owner_checked(f: Factory) -> CaseResult {
 /// Five leaders one after the other: an observer sees each one's term, in
 /// order, and nobody leading at the end.
 pub async fn election_observe_sees_every_term(f: Factory) -> CaseResult {
-    let (b, name, election) = open_election(&f, "election-observe").await?;
+    let (_, _, election) = open_election(&f, "election-observe").await?;
     let mut observer = election.observe();
     let mut terms = Vec::new();
     for i in 0..5 {
