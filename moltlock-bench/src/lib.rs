@@ -10,6 +10,7 @@
 //! write an SVG chart of hand-off latency. Every loop is bounded in time and
 //! in count. See `BENCHMARKS.md` at the repository root.
 
+mod checks;
 pub mod counting;
 pub mod floor;
 pub mod lockall;

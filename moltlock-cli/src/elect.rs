@@ -5,9 +5,15 @@ use clap::Args;
 use moltlock::{Error, Leader, LockManager};
 use serde::Serialize;
 
+use std::time::Duration;
+
 use crate::duration;
 use crate::exit::{Failure, EXIT_BUSY, EXIT_OK};
 use crate::run::{self, RunArgs};
+use crate::supervise::Signals;
+
+/// How long `elect --keep` waits before another one-attempt campaign.
+const RETRY_BUSY: Duration = Duration::from_secs(1);
 
 /// Options of `moltlock elect`.
 #[derive(Args, Debug)]
@@ -38,12 +44,21 @@ pub async fn elect(url: &str, args: ElectArgs) -> Result<u8, Failure> {
     }
     let mut run_args = args.run;
     run_args.value = args.value;
-    run_args.fair_if_any = true;
+    // The fair queue only for a campaign that waits: one that must not
+    // wait takes the key or leaves.
+    run_args.fair_if_any = !run_args.one_attempt();
+    // Every signal to moltlock reaches this handle too, also one that comes
+    // between two runs: seen after a run, it ends the loop.
+    let mut signals = Signals::new()?;
     loop {
         let code = run::run(url, run_args.clone()).await?;
-        // 128 + N: moltlock itself got signal N.
-        if !args.keep || code > 128 {
+        let signalled = tokio::time::timeout(Duration::ZERO, signals.recv()).await;
+        if !args.keep || signalled.is_ok() {
             return Ok(code);
+        }
+        if code == EXIT_BUSY {
+            // Nobody waits in a one-attempt campaign: try again later.
+            tokio::time::sleep(RETRY_BUSY).await;
         }
     }
 }

@@ -57,9 +57,9 @@ pub struct RunArgs {
     #[arg(long, value_parser = duration::parse, value_name = "DURATION")]
     at_least: Option<Duration>,
     /// A scheduled job's upper bound: the lock is held at most this long
-    /// after the acquire request; the command is then stopped as when the
-    /// lock is lost (SIGTERM, SIGKILL after the grace) and the key freed.
-    /// One plain key only.
+    /// after the acquire request. The command gets SIGTERM the grace before
+    /// that time and SIGKILL at it, as at any validity deadline, and the key
+    /// is then freed. Must be longer than the grace. One plain key only.
     #[arg(long, value_parser = duration::parse, value_name = "DURATION")]
     at_most: Option<Duration>,
     /// Wait in a fair (arrival-order) queue; only for stores that have one
@@ -92,6 +92,12 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
+    /// Whether the acquisition makes one attempt only (`--no-wait`,
+    /// `--timeout 0`).
+    pub(crate) fn one_attempt(&self) -> bool {
+        self.no_wait || self.timeout == Some(Duration::ZERO)
+    }
+
     /// The one plain key of the run, if it is one (not a semaphore, a
     /// read-write lock or several keys).
     pub(crate) fn plain_key(&self) -> Option<&str> {
@@ -127,6 +133,14 @@ fn grace(args: &RunArgs) -> Result<Duration, Failure> {
 /// Runs the command under the lock; returns the exit status to report.
 pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
     let grace = grace(&args)?;
+    if let Some(most) = args.at_most.filter(|most| *most <= grace) {
+        return Err(Failure::usage(format!(
+            "--at-most {} leaves no time after the grace of {}: the command gets SIGTERM \
+             at the at-most time minus the grace; raise --at-most or lower --grace",
+            duration::format(most),
+            duration::format(grace)
+        )));
+    }
     let mode = Mode::new(&args.lock, args.fair)?;
     let label = mode.label();
     let mut signals = Signals::new()?;

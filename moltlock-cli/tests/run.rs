@@ -1373,3 +1373,26 @@ fn revoke_stops_the_holder_and_frees_the_key() {
         .unwrap();
     assert_eq!(again.status.code(), Some(75), "{again:?}");
 }
+
+/// `--at-most` no longer than the grace is refused before anything runs.
+#[test]
+fn at_most_must_outlast_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let out = moltlock(&url)
+        .args([
+            "run",
+            "--key",
+            &key(),
+            "--grace",
+            "2s",
+            "--at-most",
+            "1s",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--at-most"));
+}

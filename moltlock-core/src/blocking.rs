@@ -71,8 +71,9 @@ impl Drop for Engine {
 /// clones share one runtime and one renewal driver.
 #[derive(Clone)]
 pub struct LockManager {
-    engine: Arc<Engine>,
+    // Dropped first: the backend goes while the runtime still runs.
     manager: crate::LockManager,
+    engine: Arc<Engine>,
 }
 
 impl fmt::Debug for LockManager {
@@ -302,10 +303,21 @@ impl LockGuard {
     /// As [`crate::LockGuard::release`]; [`Error::Config`] inside an async
     /// runtime (the hold is then released in the background).
     pub fn release(mut self) -> Result<(), Error> {
-        match self.guard.take() {
-            Some(guard) => self.engine.block_on(guard.release())?,
-            None => Ok(()),
+        let Some(guard) = self.guard.take() else {
+            return Ok(());
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Released in the background on this manager's runtime.
+            if let Some(rt) = &self.engine.runtime {
+                let _entered = rt.enter();
+                drop(guard);
+            }
+            return Err(Error::Config(
+                "the blocking API was called inside an async runtime: the lock is released in the background"
+                    .into(),
+            ));
         }
+        self.engine.block_on(guard.release())?
     }
 }
 

@@ -143,9 +143,9 @@ impl Drop for PendingAcquire {
 }
 
 /// Ends a hold whose at-least time has `left` to run: the key passes to a
-/// throwaway token for exactly what is left, by the store's clock, so it
-/// stays blocked that long and no longer (the hold's own TTL may reach
-/// further).
+/// throwaway token for what is left, by the store's clock (rounded up to
+/// the store's TTL granularity), so it stays blocked that long and not the
+/// whole of the hold's own, longer TTL.
 ///
 /// # Errors
 /// [`Error::NotHeld`] when the key was no longer ours; store errors as

@@ -95,6 +95,11 @@ impl StoreClock {
         listeners.push(Arc::downgrade(listener));
     }
 
+    /// Passes on a step another clock saw (a quorum's, from its members).
+    pub(crate) fn relay(&self, step: Duration) {
+        self.notify(step);
+    }
+
     fn notify(&self, step: Duration) {
         let live: Vec<Arc<StepListener>> = lock(&self.listeners)
             .iter()

@@ -130,11 +130,20 @@ impl Election {
     ///
     /// # Errors
     /// The stream yields a store error and goes on; it ends only when
-    /// dropped.
+    /// dropped. Called off a tokio runtime, it yields one
+    /// [`Error::Config`] and ends.
     pub fn observe(&self) -> Observer {
         let (tx, rx) = mpsc::channel(16);
-        let election = self.clone();
-        tokio::spawn(async move { election.watch_changes(tx).await });
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let election = self.clone();
+                handle.spawn(async move { election.watch_changes(tx).await });
+            }
+            Err(_) => {
+                let why = "observe() needs a tokio runtime to watch from".to_string();
+                let _ = tx.try_send(Err(Error::Config(why)));
+            }
+        }
         Observer { rx }
     }
 

@@ -50,16 +50,22 @@ pub(crate) struct Hold {
 impl Hold {
     /// A hold whose acquire request was sent at `sent_at`; the store will not
     /// expire it before `expiry`.
+    /// `first_sent`: when the acquire request was sent (job limits count
+    /// from it); `sent_at`: when the request that confirmed the hold was.
     pub(crate) fn new(
         id: u64,
         grant: Grant,
         drift: f64,
-        sent_at: Instant,
+        (first_sent, sent_at): (Instant, Instant),
         expiry: Instant,
     ) -> Self {
         let interval = grant.terms.ttl / 3;
         let state = HoldState {
-            valid_until: capped(valid_until(sent_at, expiry, drift), sent_at, &grant.terms),
+            valid_until: capped(
+                valid_until(sent_at, expiry, drift),
+                first_sent,
+                &grant.terms,
+            ),
             lost: None,
             released: false,
         };
@@ -70,7 +76,7 @@ impl Hold {
             fence: grant.fence,
             ttl: grant.terms.ttl,
             terms: grant.terms,
-            first_sent: sent_at,
+            first_sent,
             interval,
             drift,
             acquired_at: Instant::now(),

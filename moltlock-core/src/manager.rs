@@ -289,6 +289,11 @@ impl LockManager {
         started: Instant,
     ) -> Result<Option<LockGuard>, Error> {
         if opts.fair {
+            if opts.no_wait {
+                return Err(Error::Config(
+                    "a fair acquisition waits in the queue: no_wait (one attempt) is not available in fair mode".into(),
+                ));
+            }
             if !opts.job.is_none() {
                 return Err(Error::Config(
                     "at_most and at_least are not available in fair mode".into(),
@@ -324,7 +329,7 @@ impl LockManager {
             match self.confirm_late_grant(key, &token, ttl, sent_at).await {
                 Ok(Some(sent_at)) => {
                     pending.disarm();
-                    return Ok(self.guard(key, token, fence, ttl.into(), sent_at));
+                    return Ok(self.guard(key, token, fence, ttl.into(), (sent_at, sent_at)));
                 }
                 Ok(None) => {
                     pending.disarm();
@@ -375,7 +380,7 @@ impl LockManager {
         token: Token,
         fence: crate::Fence,
         terms: Terms,
-        sent_at: Instant,
+        (first_sent, sent_at): (Instant, Instant),
     ) -> LockGuard {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let expiry = self.inner.expiry(terms.first_ttl(), sent_at);
@@ -385,7 +390,13 @@ impl LockManager {
             fence,
             terms,
         };
-        let hold = Hold::new(id, grant, self.inner.cfg.drift, sent_at, expiry);
+        let hold = Hold::new(
+            id,
+            grant,
+            self.inner.cfg.drift,
+            (first_sent, sent_at),
+            expiry,
+        );
         let hold = self
             .inner
             .register(hold, || crate::renew::spawn_driver(&self.inner));

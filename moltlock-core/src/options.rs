@@ -55,25 +55,27 @@ impl LockOptions {
         self
     }
 
-    /// A scheduled job's upper bound: renewal stops `limit` after the
-    /// acquire request was sent, the store ends the hold there (the last
-    /// renewals ask for no more than what is left), and the guard's
-    /// [`lost`](crate::LockGuard::lost) fires with
-    /// [`LostReason::AtMost`](crate::LostReason::AtMost). A job that hangs
-    /// cannot keep its key longer. Single-key locks only.
+    /// A scheduled job's upper bound: the hold is trusted locally until
+    /// `limit` after the acquire request was sent at the latest; then
+    /// renewal stops, the guard's [`lost`](crate::LockGuard::lost) fires
+    /// with [`LostReason::AtMost`](crate::LostReason::AtMost), and the key
+    /// is deleted by its token. A holder cut off from the store (or killed)
+    /// keeps the key until its TTL runs out after its last renewal: at
+    /// most `limit` plus one TTL. Single-key locks only, not in fair mode.
     pub fn at_most(mut self, limit: Duration) -> Self {
         self.job.at_most = Some(limit);
         self
     }
 
-    /// A scheduled job's lower bound: the key stays blocked until `limit`
-    /// after the acquire request was sent, measured by the store's clock,
-    /// even when the job ends sooner or its process crashes. Every request
-    /// of the hold asks for a TTL that covers what is left of `limit`, and a
-    /// release before then leaves a throwaway hold on the key for the rest
-    /// (a job run on several nodes by clocks that differ a little then
-    /// still runs once). Single-key locks only; at most
-    /// [`at_most`](Self::at_most).
+    /// A scheduled job's lower bound: the key stays blocked until at least
+    /// `limit` after the acquire request was sent, measured by the store's
+    /// clock, even when the job ends sooner or its process crashes. Every
+    /// request of the hold asks for a TTL of at least `limit` (one TTL for
+    /// the whole hold, as a store may keep it with the hold), so a crash
+    /// blocks the key until `limit` after the last renewal; a release before
+    /// `limit` leaves a throwaway hold on the key for what is left (rounded
+    /// up to the store's TTL granularity: whole seconds on etcd). Single-key
+    /// locks only, not in fair mode; at most [`at_most`](Self::at_most).
     pub fn at_least(mut self, limit: Duration) -> Self {
         self.job.at_least = Some(limit);
         self

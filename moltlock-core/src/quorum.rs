@@ -7,14 +7,16 @@ use async_trait::async_trait;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+mod inspect;
+
+use crate::clock::StepListener;
 use crate::{
-    Backend, CasOutcome, Error, Fence, Held, HolderInfo, Inspect, Limits, LockKey, RaiseFence,
+    Backend, CasOutcome, Error, Fence, Held, Inspect, Limits, LockKey, RaiseFence, StoreClock,
     Token,
 };
 
-/// How long an inspection waits for the members still to answer once a
-/// majority has.
-const LATE_ANSWER: Duration = Duration::from_millis(250);
+/// How long a won acquisition waits for the members still answering.
+const STRAGGLE: Duration = Duration::from_millis(100);
 
 /// The drift allowance a quorum grants before it stops counting replies.
 const DEFAULT_DRIFT: f64 = 0.02;
@@ -38,6 +40,11 @@ const DEFAULT_DRIFT: f64 = 0.02;
 pub struct QuorumBackend {
     members: Vec<Arc<dyn Backend>>,
     drift: f64,
+    /// Every member's clock steps, passed on: a step of any one member's
+    /// clock may expire a hold there early.
+    clock: Arc<StoreClock>,
+    /// The listeners on the members' clocks (held, as clocks keep weak ones).
+    _relays: Vec<Arc<StepListener>>,
 }
 
 impl std::fmt::Debug for QuorumBackend {
@@ -73,9 +80,26 @@ impl QuorumBackend {
                 )));
             }
         }
+        let clock = Arc::new(StoreClock::new());
+        let mut relays = Vec::new();
+        for m in &members {
+            let Some(member_clock) = m.store_clock() else {
+                continue;
+            };
+            let ours = Arc::downgrade(&clock);
+            let relay: Arc<StepListener> = Arc::new(move |step| {
+                if let Some(c) = ours.upgrade() {
+                    c.relay(step);
+                }
+            });
+            member_clock.subscribe(&relay);
+            relays.push(relay);
+        }
         Ok(Self {
             members,
             drift: DEFAULT_DRIFT,
+            clock,
+            _relays: relays,
         })
     }
 
@@ -120,10 +144,22 @@ impl QuorumBackend {
 
     /// Counts replies until a majority granted, a majority can no longer
     /// grant, or the counting time is over.
-    async fn count(&self, set: &mut JoinSet<Reply>, until: Instant) -> Tally {
+    ///
+    /// Once a majority granted, the members still answering get
+    /// [`STRAGGLE`] more (within `until`) when `straggle` is set: what they
+    /// grant counts too, so the hold lives on more than a bare majority.
+    async fn count(&self, set: &mut JoinSet<Reply>, until: Instant, straggle: bool) -> Tally {
         let mut tally = Tally::default();
         let need = self.majority();
-        while tally.granted.len() < need && self.members.len() - tally.refusals() >= need {
+        let mut until = until;
+        loop {
+            let won = tally.granted.len() >= need;
+            if (won && !straggle) || self.members.len() - tally.refusals() < need {
+                break;
+            }
+            if won && until > Instant::now() + STRAGGLE {
+                until = Instant::now() + STRAGGLE;
+            }
             let Ok(Some(joined)) = tokio::time::timeout_at(until, set.join_next()).await else {
                 break;
             };
@@ -231,18 +267,18 @@ impl Tally {
         self.held.len() + self.errors.len()
     }
 
-    /// What a request that did not reach a majority reports: busy when a
-    /// member said so, else the first error.
-    fn failure(mut self) -> Result<CasOutcome, Error> {
-        if let Some(held) = self.held.iter().find(|h| h.holder.is_some()).cloned() {
-            return Ok(CasOutcome::Held(held));
-        }
-        if !self.held.is_empty() {
-            return Ok(CasOutcome::Held(Held::default()));
+    /// What a request that did not reach a majority reports: busy only
+    /// when more members said so than a majority can spare (`spare`), so a
+    /// request that failed for errors or silence is retried, not taken as
+    /// a refusal; else the last error.
+    fn failure(mut self, spare: usize) -> Result<CasOutcome, Error> {
+        if self.held.len() > spare {
+            let named = self.held.iter().find(|h| h.holder.is_some()).cloned();
+            return Ok(CasOutcome::Held(named.unwrap_or_default()));
         }
         match self.errors.pop() {
-            Some(e) => Err(e),
-            None => Err(no_majority()),
+            Some(e) if e.is_retryable() => Err(e),
+            _ => Err(no_majority()),
         }
     }
 }
@@ -264,16 +300,23 @@ impl Backend for QuorumBackend {
         ttl: Duration,
     ) -> Result<CasOutcome, Error> {
         let until = Instant::now() + ttl.mul_f64(1.0 - self.drift);
-        let mut set = self.send_all(key, expected, new, ttl);
-        let tally = self.count(&mut set, until).await;
-        if tally.granted.len() < self.majority() {
-            self.undo(key, new, &tally.granted, set);
-            return tally.failure();
-        }
-        // The hold lives on the members that counted: a grant that lands
-        // later is deleted, so what inspect reports (fence, expiry) is what
-        // the caller was told.
         let renewal = expected == Some(new);
+        let mut set = self.send_all(key, expected, new, ttl);
+        let tally = self.count(&mut set, until, !renewal).await;
+        if tally.granted.len() < self.majority() {
+            // A failed renewal takes nothing away: the hold ends at its TTL
+            // where it was renewed, and a passing failure can still heal.
+            if renewal {
+                set.detach_all();
+            } else {
+                self.undo(key, new, &tally.granted, set);
+            }
+            return tally.failure(self.members.len() - self.majority());
+        }
+        // The hold lives on the members that counted (a majority, and those
+        // that answered soon after), so it outlives one of them failing; a
+        // grant that lands later still is deleted, so inspect reports the
+        // fence the caller was told. A renewal's stragglers renew too.
         if renewal {
             set.detach_all();
         } else {
@@ -367,96 +410,12 @@ impl Backend for QuorumBackend {
         Some(self)
     }
 
+    fn store_clock(&self) -> Option<&StoreClock> {
+        Some(&self.clock)
+    }
+
     fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
         Some(self)
-    }
-}
-
-/// The holder a majority of member answers agree on. Its fence is the
-/// largest of theirs when exactly a majority agree (the members that
-/// counted); with more, one of them may be a grant that landed late and is
-/// being deleted, whose fence the holder was never told, so none is given.
-fn agreed(answers: Vec<HolderInfo>, need: usize) -> Option<HolderInfo> {
-    let mut best: Option<(usize, HolderInfo)> = None;
-    for a in &answers {
-        let same: Vec<&HolderInfo> = answers.iter().filter(|b| b.holder == a.holder).collect();
-        if same.len() >= need && best.as_ref().is_none_or(|(n, _)| same.len() > *n) {
-            let mut info = a.clone();
-            info.fence = if same.len() == need {
-                same.iter().filter_map(|b| b.fence).max()
-            } else {
-                None
-            };
-            info.expires_in = same.iter().filter_map(|b| b.expires_in).min();
-            best = Some((same.len(), info));
-        }
-    }
-    best.map(|(_, info)| info)
-}
-
-#[async_trait]
-impl Inspect for QuorumBackend {
-    /// The holder a majority of members report; returns as soon as the
-    /// answers decide it.
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        let mut set = JoinSet::new();
-        for m in &self.members {
-            let (m, key) = (m.clone(), key.clone());
-            set.spawn(async move {
-                match m.inspector() {
-                    Some(i) => i.inspect(&key).await,
-                    None => Ok(None),
-                }
-            });
-        }
-        let need = self.majority();
-        let (mut answers, mut free, mut failed) = (Vec::new(), 0, None);
-        // Every answer counts (how many agree decides the fence), but once
-        // a majority answered, a member that hangs is waited for briefly.
-        let mut answered = 0;
-        loop {
-            let next = if answered >= need {
-                match tokio::time::timeout(LATE_ANSWER, set.join_next()).await {
-                    Ok(next) => next,
-                    Err(_) => break,
-                }
-            } else {
-                set.join_next().await
-            };
-            let Some(joined) = next else { break };
-            answered += 1;
-            match joined {
-                Ok(Ok(Some(info))) => answers.push(info),
-                Ok(Ok(None)) => free += 1,
-                Ok(Err(e)) => failed = Some(e),
-                Err(e) => failed = Some(Error::store("quorum", e.to_string(), true)),
-            }
-        }
-        set.detach_all();
-        let found = agreed(answers, need);
-        match (found, failed) {
-            (None, Some(e)) if free <= self.members.len() - need => Err(e),
-            (found, _) => Ok(found),
-        }
-    }
-
-    /// Every hold a majority of members report, sorted by key.
-    async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
-        let mut all: Vec<HolderInfo> = Vec::new();
-        for m in &self.members {
-            let Some(inspector) = m.inspector() else {
-                continue;
-            };
-            all.extend(inspector.list(prefix).await?);
-        }
-        let mut keys: Vec<String> = all.iter().map(|h| h.key.clone()).collect();
-        keys.sort();
-        keys.dedup();
-        let need = self.majority();
-        Ok(keys
-            .into_iter()
-            .filter_map(|k| agreed(all.iter().filter(|h| h.key == k).cloned().collect(), need))
-            .collect())
     }
 }
 

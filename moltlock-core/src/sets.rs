@@ -188,7 +188,9 @@ impl LockManager {
             let confirmed = self.confirm_late_grant(key, &token, ttl, sent_at).await?;
             pending.settle(key);
             match confirmed {
-                Some(at) => guards.push(self.guard(key, token.clone(), fence, terms, at)),
+                Some(at) => {
+                    guards.push(self.guard(key, token.clone(), fence, terms, (sent_at, at)))
+                }
                 None => whole = false,
             }
         }

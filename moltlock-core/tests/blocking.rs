@@ -118,3 +118,15 @@ fn calls_from_inside_a_runtime_fail_clearly() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// `observe()` off a runtime (from blocking code) does not panic: its
+/// stream says why and ends.
+#[test]
+fn observing_an_election_off_a_runtime_says_why() {
+    let a = manager(&MemoryBackend::new());
+    let mut changes = a.manager().election("e").unwrap().observe();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let first = runtime.block_on(changes.next());
+    assert!(matches!(first, Some(Err(Error::Config(_)))), "{first:?}");
+    assert!(runtime.block_on(changes.next()).is_none());
+}

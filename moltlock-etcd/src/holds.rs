@@ -121,7 +121,11 @@ impl Core {
                 TxnOp::delete(self.keys.info(key), None),
             ])
             .or_else([TxnOp::get(k.clone(), None)]);
+        // A failed request may still have landed: its lease stays, to its TTL.
         let resp = self.io.txn(txn).await.map_err(map)?;
+        if !resp.succeeded() {
+            self.session.revoke_unused(lease);
+        }
         match first_kv(&resp) {
             Some(kv) if resp.succeeded() => {
                 self.written.record(k, new);

@@ -133,6 +133,16 @@ impl Session {
         Ok(resp.id())
     }
 
+    /// Revokes a lease of its own that ended up holding nothing, in the
+    /// background (it would otherwise live its TTL, harmlessly).
+    pub(crate) fn revoke_unused(&self, id: i64) {
+        let mut client = self.client.clone();
+        let timeout = self.timeout;
+        tokio::spawn(async move {
+            let _ = call("lease revoke", timeout, client.lease_revoke(id)).await;
+        });
+    }
+
     async fn grant(&self, secs: u64) -> Result<Lease, Error> {
         let mut client = self.client.clone();
         let sent_at = Instant::now();

@@ -174,3 +174,77 @@ fn members_must_raise_fences_and_inspect() {
         Err(Error::Config(_))
     ));
 }
+
+#[tokio::test]
+async fn a_held_lock_survives_one_of_its_members_failing() {
+    let (stores, cuts, mgr) = three();
+    let guard = mgr.lock("k").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await; // every member granted
+    assert!(holds(&stores[2], "k").await, "the third grant was not kept");
+    cuts[0].cut();
+    tokio::time::sleep(TTL * 2).await;
+    assert!(guard.is_held(), "one member's failure lost a held lock");
+    cuts[0].heal();
+    guard.release().await.unwrap();
+}
+
+/// A member whose replies report its wall clock, which the test steps.
+#[derive(Clone)]
+struct Clocked(MemoryBackend, Arc<moltlock_core::StoreClock>);
+
+#[moltlock_core::async_trait]
+impl Backend for Clocked {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&moltlock_core::Token>,
+        new: &moltlock_core::Token,
+        ttl: Duration,
+    ) -> Result<moltlock_core::CasOutcome, Error> {
+        self.0.cas(key, expected, new, ttl).await
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &moltlock_core::Token) -> Result<bool, Error> {
+        self.0.delete(key, owner).await
+    }
+
+    fn store_clock(&self) -> Option<&moltlock_core::StoreClock> {
+        Some(&self.1)
+    }
+
+    fn inspector(&self) -> Option<&dyn Inspect> {
+        self.0.inspector()
+    }
+
+    fn fence_raiser(&self) -> Option<&dyn moltlock_core::RaiseFence> {
+        self.0.fence_raiser()
+    }
+}
+
+#[tokio::test]
+async fn a_members_clock_step_shortens_the_quorums_holds() {
+    let clock = Arc::new(moltlock_core::StoreClock::new());
+    let first = Clocked(MemoryBackend::new(), clock.clone());
+    let members: Vec<Arc<dyn Backend>> = vec![
+        Arc::new(first.clone()),
+        Arc::new(MemoryBackend::new()),
+        Arc::new(MemoryBackend::new()),
+    ];
+    let mgr = LockManager::builder(QuorumBackend::new(members).unwrap())
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let guard = mgr.lock("k").await.unwrap();
+    let before = guard.valid_for().unwrap();
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let now = tokio::time::Instant::now();
+    clock.observe(now, wall);
+    clock.observe(tokio::time::Instant::now(), wall + Duration::from_secs(20));
+    let after = guard.valid_for().unwrap_or_default();
+    assert!(
+        after + Duration::from_secs(15) < before,
+        "a 20 s step of one member's clock left {after:?} of {before:?}"
+    );
+}

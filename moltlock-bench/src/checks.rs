@@ -1,0 +1,116 @@
+//! The targets a run's figures are checked against (issue targets: ratios
+//! to the floor, hand-off in round trips, tails against the best peer).
+
+use crate::report::{ms, BackendReport, Check, PeerReport, Report};
+use crate::stats::ratio;
+
+impl Report {
+    /// Fills [`Report::checks`] from the measurements.
+    pub fn check(&mut self) {
+        let mut out = Vec::new();
+        let throughput = self.settings.measured("throughput");
+        for b in self.backends.iter().filter(|b| b.error.is_none()) {
+            if throughput {
+                check_throughput(b, &mut out);
+            }
+            check_backend(b, &self.peers, &mut out);
+        }
+        self.checks = out;
+    }
+}
+
+fn push(out: &mut Vec<Check>, what: String, value: String, met: bool) {
+    out.push(Check { what, value, met });
+}
+
+fn check_throughput(b: &BackendReport, out: &mut Vec<Check>) {
+    let st = &b.store;
+    push(
+        out,
+        format!("{st}: uncontended ≥ 0.9 × floor"),
+        format!("{:.2} ×", b.uncontended_ratio),
+        b.uncontended_ratio >= 0.9,
+    );
+    push(
+        out,
+        format!("{st}: parallel ≥ 0.8 × floor"),
+        format!("{:.2} ×", b.parallel_ratio),
+        b.parallel_ratio >= 0.8,
+    );
+}
+
+fn check_backend(b: &BackendReport, peers: &[PeerReport], out: &mut Vec<Check>) {
+    let st = &b.store;
+    let handoff_stores = ["redis", "etcd", "postgres"];
+    for (mode, c) in [("default", &b.contended), ("fair", &b.contended_fair)] {
+        let Some(c) = c else { continue };
+        push(
+            out,
+            format!("{st} {mode}: no overlap"),
+            format!("{} overlaps", c.overlaps),
+            c.overlaps == 0,
+        );
+        push(
+            out,
+            format!("{st} {mode}: no task starves"),
+            format!(
+                "{} timeouts; smallest share {:.1} %; longest wait {:.0} ms",
+                c.timeouts,
+                c.min_task_share * 100.0,
+                ms(c.max_wait_us)
+            ),
+            c.timeouts == 0 && c.min_task_share > 0.0,
+        );
+        if mode == "fair" {
+            push(
+                out,
+                format!("{st} fair: the releaser never jumps the queue"),
+                format!("releaser won {:.1} %", c.releaser_won * 100.0),
+                c.releaser_won == 0.0,
+            );
+        }
+        if !handoff_stores.contains(&st.as_str()) {
+            continue;
+        }
+        let x = ratio(c.handoff.p50_us, b.rtt.p50_us);
+        push(
+            out,
+            format!("{st} {mode}: hand-off p50 ≤ 3 × RTT"),
+            format!(
+                "{:.0} µs = {x:.1} × RTT {:.0} µs",
+                c.handoff.p50_us, b.rtt.p50_us
+            ),
+            x <= 3.0,
+        );
+        let rs = peers
+            .iter()
+            .find(|p| p.name.starts_with("rslock"))
+            .and_then(|p| p.contended.as_ref());
+        if let Some(rs) = rs {
+            let lower = ratio(rs.handoff.p99_us, c.handoff.p99_us);
+            push(
+                out,
+                format!("{st} {mode}: hand-off p99 ≥ 3 × lower than rslock's"),
+                format!(
+                    "{:.0} µs vs rslock {:.0} µs: {lower:.1} × lower",
+                    c.handoff.p99_us, rs.handoff.p99_us
+                ),
+                lower >= 3.0,
+            );
+        }
+    }
+    if let Some(r) = &b.renewal {
+        push(
+            out,
+            format!("{st}: one renewal round trip per interval"),
+            format!("{:.1} per interval", r.rounds_per_interval),
+            r.rounds_per_interval <= 1.0 && r.lost == 0,
+        );
+        push(
+            out,
+            format!("{st}: < 2 KiB client memory per held lock"),
+            format!("{:.0} bytes", r.bytes_per_lock),
+            r.bytes_per_lock < 2048.0,
+        );
+    }
+}
