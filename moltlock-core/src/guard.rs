@@ -4,7 +4,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::cleanup::spawn_release;
@@ -88,18 +87,13 @@ impl LockGuard {
     /// Whether the hold is still valid in this process's view: not lost, and
     /// before the local validity deadline.
     pub fn is_held(&self) -> bool {
-        let s = self.hold.snapshot();
-        s.lost.is_none() && Instant::now() < s.valid_until
+        crate::lost::gone(&self.hold).is_none()
     }
 
     /// Time left before the local validity deadline, unless renewed; `None`
     /// once the hold is not held.
     pub fn valid_for(&self) -> Option<Duration> {
-        let s = self.hold.snapshot();
-        if s.lost.is_some() {
-            return None;
-        }
-        s.valid_until.checked_duration_since(Instant::now())
+        crate::lost::valid_for(&self.hold)
     }
 
     /// The fence, if the hold is still valid; use it right before a write.
@@ -107,13 +101,7 @@ impl LockGuard {
     /// # Errors
     /// [`Error::Lost`] once the hold is lost or past its deadline.
     pub fn check(&self) -> Result<Fence, Error> {
-        if self.is_held() {
-            return Ok(self.hold.fence);
-        }
-        Err(Error::Lost {
-            key: self.hold.key.to_string(),
-            reason: self.hold.snapshot().lost.unwrap_or(LostReason::Deadline),
-        })
+        crate::lost::check(&self.hold)
     }
 
     /// Resolves when the hold is lost: a renewal was refused, or the local

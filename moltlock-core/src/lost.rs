@@ -58,12 +58,7 @@ impl LostToken {
     /// Time left before the local validity deadline, unless renewed;
     /// `None` once the hold is gone.
     pub fn valid_for(&self) -> Option<Duration> {
-        if self.is_lost() {
-            return None;
-        }
-        self.hold
-            .valid_until()
-            .checked_duration_since(Instant::now())
+        valid_for(&self.hold)
     }
 
     /// Why the hold is gone, or `None` while it is held.
@@ -76,13 +71,7 @@ impl LostToken {
     /// # Errors
     /// [`Error::Lost`] once the hold is gone.
     pub fn check(&self) -> Result<Fence, Error> {
-        match self.reason() {
-            None => Ok(self.hold.fence),
-            Some(reason) => Err(Error::Lost {
-                key: self.hold.key.to_string(),
-                reason,
-            }),
-        }
+        check(&self.hold)
     }
 
     /// Resolves when the hold is lost (as [`LockGuard::lost`](crate::LockGuard::lost))
@@ -92,6 +81,25 @@ impl LostToken {
     /// Cancel safe: it only observes.
     pub async fn lost(&self) -> LostReason {
         wait_lost(&self.inner, &self.hold).await
+    }
+}
+
+/// Time left before `hold`'s validity deadline; `None` once it is gone.
+pub(crate) fn valid_for(hold: &Hold) -> Option<Duration> {
+    if gone(hold).is_some() {
+        return None;
+    }
+    hold.valid_until().checked_duration_since(Instant::now())
+}
+
+/// `hold`'s fence while it is held, else why it is not.
+pub(crate) fn check(hold: &Hold) -> Result<Fence, Error> {
+    match gone(hold) {
+        None => Ok(hold.fence),
+        Some(reason) => Err(Error::Lost {
+            key: hold.key.to_string(),
+            reason,
+        }),
     }
 }
 

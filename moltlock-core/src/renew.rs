@@ -102,21 +102,22 @@ fn snapshot(inner: &Arc<Inner>) -> Option<Vec<Arc<Hold>>> {
 /// renewed; the rest are renewed together.
 async fn renew(inner: &Arc<Inner>, due: &[Arc<Hold>]) {
     let sent_at = Instant::now();
-    let (ended, due): (Vec<Arc<Hold>>, Vec<Arc<Hold>>) = due
-        .iter()
-        .cloned()
-        .partition(|h| h.ttl_at(sent_at).is_none());
-    for hold in &ended {
-        end_at_most(inner, hold);
+    let mut items = Vec::with_capacity(due.len());
+    let mut renewed = Vec::with_capacity(due.len());
+    for hold in due {
+        match hold.ttl_at(sent_at) {
+            Some(ttl) => {
+                items.push(RenewItem {
+                    key: hold.key.clone(),
+                    token: hold.token.clone(),
+                    ttl,
+                });
+                renewed.push(hold.clone());
+            }
+            None => end_at_most(inner, hold),
+        }
     }
-    let items: Vec<RenewItem> = due
-        .iter()
-        .map(|h| RenewItem {
-            key: h.key.clone(),
-            token: h.token.clone(),
-            ttl: h.ttl_at(sent_at).unwrap_or(h.ttl),
-        })
-        .collect();
+    let due = renewed;
     let Some(deadline) = due.iter().map(|h| h.valid_until()).min() else {
         return;
     };

@@ -173,3 +173,44 @@ async fn bad_limits_are_refused() {
         "a refusal held the key"
     );
 }
+
+/// Fresh acquisitions land 2.5 s after they are sent (a queued statement):
+/// `at_most` still counts from the send of the acquire request, not from
+/// when the grant came back.
+#[derive(Clone, Default)]
+struct SlowGrant(MemoryBackend);
+
+#[async_trait]
+impl Backend for SlowGrant {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        if expected.is_none() {
+            sleep(Duration::from_millis(2500)).await;
+        }
+        self.0.cas(key, expected, new, ttl).await
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        self.0.delete(key, owner).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_most_counts_from_the_acquire_request_of_a_late_grant() {
+    let mgr = manager(SlowGrant::default());
+    let asked = Instant::now();
+    let opts = LockOptions::new().at_most(5 * S);
+    let guard = mgr.acquire("job", opts).await.unwrap().unwrap();
+    assert!(asked.elapsed() >= 2 * S, "the grant was not late");
+    assert_eq!(guard.lost().await, LostReason::AtMost);
+    let took = asked.elapsed();
+    assert!(
+        took <= 5 * S,
+        "ran {took:?}, past at_most counted from the request"
+    );
+}
