@@ -55,6 +55,18 @@ impl Hold {
         }
     }
 
+    /// Resolves once someone asked the holder of a plain key to release it
+    /// (`moltlock revoke --ask`); never for the other kinds of hold.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes.
+    pub async fn release_requested(&self) {
+        match self {
+            Self::One(g) => g.release_requested().await,
+            _ => std::future::pending().await,
+        }
+    }
+
     /// Why the hold ended, once it has (a deadline passed without a
     /// confirmed renewal, when nothing else is known).
     pub fn lost_reason(&self) -> LostReason {

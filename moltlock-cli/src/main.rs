@@ -89,7 +89,8 @@ enum Command {
     Conformance(conformance::CheckArgs),
     /// Remove a key's current holder (read, then delete by its token, so a
     /// newer holder is never removed). The holder's renewal then fails and
-    /// its `moltlock run` stops the command. Status 75 when there was none.
+    /// its `moltlock run` stops the command. With --ask, ask the holder to
+    /// release instead. Status 75 when there was none.
     Revoke(revoke::RevokeArgs),
     /// Run a command only while this node leads the election of --key:
     /// campaign (in arrival order where the store has a fair queue), run

@@ -1,4 +1,5 @@
-//! `moltlock revoke`: remove a key's current holder, owner-checked.
+//! `moltlock revoke`: remove a key's current holder, owner-checked, or
+//! (`--ask`) ask it to release.
 
 use clap::Args;
 use moltlock::{Error, LockManager};
@@ -12,6 +13,11 @@ pub struct RevokeArgs {
     /// slot keys of a semaphore or read-write lock too).
     #[arg(long)]
     key: String,
+    /// Ask the holder to release instead of removing it: the holder hears
+    /// of it at its next renewal (a `moltlock run` then stops its command
+    /// with SIGTERM, gives it --grace, and releases). Nothing is taken away.
+    #[arg(long)]
+    ask: bool,
 }
 
 /// Reads the holder of the key and deletes by its token, so a newer holder
@@ -20,6 +26,9 @@ pub struct RevokeArgs {
 /// holder).
 pub async fn revoke(url: &str, args: RevokeArgs) -> Result<u8, Error> {
     let manager = LockManager::new(moltlock::connect(url).await?);
+    if args.ask {
+        return ask(&manager, &args.key).await;
+    }
     match manager.revoke(&args.key).await? {
         Some(holder) => {
             let fence = holder.fence.map_or_else(|| "?".into(), |f| f.to_string());
@@ -29,6 +38,23 @@ pub async fn revoke(url: &str, args: RevokeArgs) -> Result<u8, Error> {
         }
         None => {
             eprintln!("moltlock: {} has no holder to revoke", args.key);
+            Ok(EXIT_BUSY)
+        }
+    }
+}
+
+/// Asks the holder of `key` to release it. Status 0 when a holder was
+/// asked, 75 when the key was free.
+async fn ask(manager: &LockManager, key: &str) -> Result<u8, Error> {
+    match manager.request_release(key).await? {
+        Some(holder) => {
+            let fence = holder.fence.map_or_else(|| "?".into(), |f| f.to_string());
+            let who = holder.description.as_deref().unwrap_or("no description");
+            println!("asked the holder of {key} to release (fence {fence}, {who})");
+            Ok(EXIT_OK)
+        }
+        None => {
+            eprintln!("moltlock: {key} has no holder to ask");
             Ok(EXIT_BUSY)
         }
     }

@@ -61,6 +61,8 @@ enum Stop {
     Lost(String, LostReason),
     /// `moltlock` got this signal.
     Signal(i32),
+    /// Someone asked the holder to release (`moltlock revoke --ask`).
+    Asked,
     /// The watchdog ended on its own.
     Watchdog,
 }
@@ -150,6 +152,7 @@ impl Supervised<'_> {
                     return Err((Stop::Lost(key.to_string(), reason), deadline));
                 }
                 sig = signals.recv() => return Err((Stop::Signal(sig), deadline)),
+                () = self.hold.release_requested() => return Err((Stop::Asked, deadline)),
                 () = watchdog.exited() => return Err((Stop::Watchdog, deadline)),
                 () = tokio::time::sleep(wake) => {}
             }
@@ -221,6 +224,14 @@ impl Supervised<'_> {
                     Signal::TERM
                 };
                 (first, after_grace, None)
+            }
+            Stop::Asked => {
+                eprintln!(
+                    "moltlock: {label}: asked to release; stopping the command: SIGTERM now, \
+                     SIGKILL after --grace {}",
+                    duration::format(self.grace)
+                );
+                (Signal::TERM, after_grace, None)
             }
             Stop::Watchdog => {
                 eprintln!("moltlock: the command's watchdog ended; stopping the command");

@@ -49,7 +49,9 @@ fn candidate(url: &str, k: &str, name: &str, cmd: &[String], extra: &[&str]) -> 
         .unwrap()
 }
 
-/// The leader's value per `moltlock leader --json`, waiting for one.
+/// The leader's value per `moltlock leader --json`, waiting for one. A
+/// new leader's value is stored right after its grant: a reader between
+/// the two sees a leader without a value, and waits on.
 fn leader_value(url: &str, k: &str) -> String {
     let until = Instant::now() + Duration::from_secs(10);
     while Instant::now() < until {
@@ -59,7 +61,7 @@ fn leader_value(url: &str, k: &str) -> String {
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
-        if let Some(value) = v["leader"].as_str() {
+        if let Some(value) = v["leader"].as_str().filter(|v| !v.is_empty()) {
             assert!(v["term"].as_u64().is_some(), "no term: {text}");
             return value.to_string();
         }

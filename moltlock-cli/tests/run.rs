@@ -1374,6 +1374,48 @@ fn revoke_stops_the_holder_and_frees_the_key() {
     assert_eq!(again.status.code(), Some(75), "{again:?}");
 }
 
+/// `moltlock revoke --ask` asks a running holder to let go: its command
+/// gets SIGTERM (and exits with its own status), the hold is released,
+/// and a free key has nobody to ask (75).
+#[test]
+fn revoke_ask_stops_the_command_gracefully() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let k = key();
+    let script = "trap 'exit 3' TERM; sleep 30 & wait";
+    let holder = moltlock(&url)
+        .args([
+            "run", "--key", &k, "--ttl", "3s", "--grace", "1s", "--", "sh", "-c", script,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_held(&url, &k);
+    let asked = moltlock(&url)
+        .args(["revoke", "--ask", "--key", &k])
+        .output()
+        .unwrap();
+    assert!(asked.status.success(), "{asked:?}");
+    assert!(String::from_utf8_lossy(&asked.stdout).contains("asked the holder"));
+    let took = Instant::now();
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(
+        took.elapsed() < Duration::from_secs(5),
+        "the request took {:?}",
+        took.elapsed()
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("asked to release"),
+        "{out:?}"
+    );
+    let again = moltlock(&url)
+        .args(["revoke", "--ask", "--key", &k])
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(75), "{again:?}");
+}
+
 /// `--at-most` no longer than the grace is refused before anything runs.
 #[test]
 fn at_most_must_outlast_the_grace() {

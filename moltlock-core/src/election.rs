@@ -40,7 +40,9 @@ impl fmt::Debug for Election {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Leader {
     /// The leader's value ([`Election::campaign`], [`Leadership::proclaim`]),
-    /// where the backend stores descriptions.
+    /// where the backend stores descriptions. The store writes a new
+    /// leader's value right after granting its hold, so for that moment a
+    /// reader sees the leader without one.
     pub value: Option<String>,
     /// The leader's term: its hold's fence, strictly increasing from leader
     /// to leader (where the store keeps fences with holds).

@@ -1,6 +1,7 @@
 //! The guard of a held lock.
 
 use std::fmt;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,6 +58,11 @@ impl LockGuard {
             hold,
             released: false,
         }
+    }
+
+    /// The shared state of the hold.
+    pub(crate) fn hold(&self) -> &Arc<Hold> {
+        &self.hold
     }
 
     /// The backend the hold is in.
@@ -122,6 +128,34 @@ impl LockGuard {
         LostToken::new(self.inner.clone(), self.hold.clone())
     }
 
+    /// Resolves once someone asked this holder to release the lock
+    /// ([`LockManager::request_release`]). The request is checked with
+    /// each renewal (every TTL/3) from the first call on, so it is heard
+    /// within about one renewal interval. It never resolves on a backend
+    /// that cannot inspect holds.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes; call it again to keep waiting.
+    pub async fn release_requested(&self) {
+        let hold = self.hold();
+        hold.listening.store(true, Ordering::Release);
+        let mut asked = hold.asked.subscribe();
+        // An `Err` means the hold is gone: nothing will be asked any more.
+        if asked.wait_for(|a| *a).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Whether a release request reached this holder (see
+    /// [`release_requested`](Self::release_requested)). The first call
+    /// starts the checks, as `release_requested` does.
+    pub fn is_release_requested(&self) -> bool {
+        let hold = self.hold();
+        hold.listening.store(true, Ordering::Release);
+        let asked = *hold.asked.borrow();
+        asked
+    }
+
     /// Stops renewal and deletes the hold (owner-checked).
     ///
     /// # Cancel safety
@@ -136,6 +170,7 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), Error> {
         self.released = true;
         self.inner.release(&self.hold);
+        crate::ask::forget(&self.inner.backend, &self.hold);
         if let Some(left) = self.hold.at_least_left() {
             return crate::cleanup::linger(&self.inner, &self.hold.key, &self.hold.token, left)
                 .await;
@@ -169,6 +204,7 @@ impl Drop for LockGuard {
             return;
         }
         self.inner.release(&self.hold);
+        crate::ask::forget(&self.inner.backend, &self.hold);
         if let Some(left) = self.hold.at_least_left() {
             let (key, token) = (self.hold.key.clone(), self.hold.token.clone());
             crate::cleanup::spawn_linger(&self.inner, key, token, left);

@@ -45,6 +45,10 @@ pub(crate) struct Hold {
     next_renew: Mutex<Instant>,
     /// A renewal batch carrying this hold is in flight.
     renewing: AtomicBool,
+    /// Its holder listens for release requests ([`crate::ask`]).
+    pub(crate) listening: AtomicBool,
+    /// A release request for this hold was seen.
+    pub(crate) asked: watch::Sender<bool>,
 }
 
 impl Hold {
@@ -83,6 +87,8 @@ impl Hold {
             state: watch::Sender::new(state),
             next_renew: Mutex::new(sent_at + interval),
             renewing: AtomicBool::new(false),
+            listening: AtomicBool::new(false),
+            asked: watch::Sender::new(false),
         }
     }
 

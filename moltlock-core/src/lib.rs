@@ -25,6 +25,7 @@
 //! # }
 //! ```
 
+mod ask;
 mod backend;
 mod batch;
 pub mod blocking;

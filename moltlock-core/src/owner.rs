@@ -40,6 +40,43 @@ impl LockManager {
         }
     }
 
+    /// Asks the current holder of `key` to release it, and returns that
+    /// holder (`None` when nobody holds the key). Unlike
+    /// [`revoke`](Self::revoke) it takes nothing away: the holder's
+    /// [`LockGuard::release_requested`] resolves at its next renewal, and
+    /// the holder decides when to let go. The request is meant for that
+    /// one hold: a later holder of the key does not see it.
+    ///
+    /// The holder hears of it only while it listens (it called
+    /// `release_requested`); the request then lives a few of the holder's
+    /// TTLs, or until the holder releases.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the backend cannot inspect holds;
+    /// [`Error::InvalidKey`] for a bad or reserved key, or one too long for
+    /// its request key; store errors.
+    pub async fn request_release(&self, key: impl AsRef<str>) -> Result<Option<HolderInfo>, Error> {
+        let key = self.user_key(
+            key.as_ref(),
+            crate::ask::ASK.len() + crate::RESERVED_MARK.len(),
+        )?;
+        let backend = self.backend();
+        let inspector = crate::forward::require(backend.name(), backend.inspector(), "inspect")?;
+        let Some(holder) = inspector.inspect(&key).await? else {
+            return Ok(None);
+        };
+        let ttl = crate::ask::ask_ttl(&holder, self.inner().limits.min_ttl);
+        crate::ask::post(
+            backend.as_ref(),
+            &key.derive(crate::ask::ASK),
+            &holder.holder,
+            ttl,
+        )
+        .await?;
+        tracing::info!(%key, fence = ?holder.fence, "asked the holder to release");
+        Ok(Some(holder))
+    }
+
     /// A handle whose locks are reentrant: locking a key it already holds
     /// returns another counted guard on the same hold, without touching the
     /// store. The store is touched on the first acquire and the last

@@ -129,7 +129,10 @@ async fn renew(inner: &Arc<Inner>, due: &[Arc<Hold>]) {
             None => crate::forward::renew_each(backend, &items).await,
         }
     };
-    let result = tokio::time::timeout_at(deadline, renewal).await;
+    let (result, _) = tokio::join!(
+        tokio::time::timeout_at(deadline, renewal),
+        tokio::time::timeout_at(deadline, crate::ask::check(&inner.backend, &due))
+    );
     match result {
         Ok(Ok(held)) if held.len() == due.len() => {
             metrics::renewed(name, due.len());

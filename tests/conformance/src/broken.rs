@@ -50,6 +50,8 @@ struct Store {
     queues: HashMap<String, VecDeque<QueuePlace>>,
     /// Descriptions kept apart from the holds (a flaw).
     descriptions: HashMap<String, String>,
+    /// The first holder each key had (a flaw reports it).
+    first_holders: HashMap<String, Token>,
 }
 
 /// What one client (one handle) keeps for itself.
@@ -261,6 +263,9 @@ impl Flawed {
                 (holder, fence, self.expiry(now, ttl))
             }
         };
+        st.first_holders
+            .entry(nk.clone())
+            .or_insert_with(|| holder.clone());
         st.entries.insert(
             nk,
             Entry {
@@ -335,7 +340,10 @@ impl Flawed {
     fn info(&self, st: &Store, key: &str, e: &Entry, now: Instant) -> HolderInfo {
         HolderInfo {
             key: key.to_owned(),
-            holder: e.holder.clone(),
+            holder: match st.first_holders.get(key) {
+                Some(first) if self.has(Flaw::InspectReportsFirstHolder) => first.clone(),
+                _ => e.holder.clone(),
+            },
             fence: Some(Fence(if self.has(Flaw::InspectReportsLatestFence) {
                 st.fence
             } else {

@@ -22,6 +22,7 @@ mod lost;
 mod multi;
 mod optional;
 mod ownership;
+mod revocation;
 mod rwlock;
 mod semaphore;
 
@@ -36,6 +37,7 @@ pub use lost::*;
 pub use multi::*;
 pub use optional::*;
 pub use ownership::*;
+pub use revocation::*;
 pub use rwlock::*;
 pub use semaphore::*;
 
@@ -140,6 +142,8 @@ macro_rules! __cases {
                 inspect_hides_expired_holds: "inspect, 3 expiry",
                 semaphore_limit_mismatch_is_reported: "9 semaphores, inspect",
                 election_observe_sees_every_term: "13 elections, inspect",
+                revoke_stops_the_holder_and_spares_the_next: "14 revocation, 4 lost signals, 5 fencing",
+                release_request_reaches_only_its_holder: "14 revocation, 2 owner checks",
             ],
             fair_queue: [
                 fair_queue_serves_in_arrival_order: "fair queue",

@@ -70,6 +70,7 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
         Flaw::BatchUsesFirstTtl => &["renew_many_uses_each_items_ttl"],
         Flaw::BatchRecreatesDeleted => &[
             "renew_many_answers_per_item",
+            "revoke_stops_the_holder_and_spares_the_next",
             "lock_all_lost_fires_when_any_key_is_lost",
         ],
         Flaw::WatchSubscribesLazily => &["watch_subscribes_before_it_returns"],
@@ -82,6 +83,7 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
         Flaw::ListIgnoresPrefix => &["inspect_and_list_are_exact"],
         Flaw::ListPrefixAsPattern => &["inspect_and_list_are_exact"],
         Flaw::InspectReportsLatestFence => &["inspect_and_list_are_exact"],
+        Flaw::InspectReportsFirstHolder => &["release_request_reaches_only_its_holder"],
         Flaw::FairBarges => &["fair_newcomer_does_not_barge"],
         Flaw::FairKeepsDroppedPlace => &["fair_dropped_waiter_leaves_the_queue"],
         Flaw::FairFenceSeparate => &["fences_rise_across_fair_and_plain"],
@@ -191,6 +193,7 @@ catches! {
     catches_list_ignoring_prefix: ListIgnoresPrefix,
     catches_list_prefix_taken_as_pattern: ListPrefixAsPattern,
     catches_inspect_reporting_latest_fence: InspectReportsLatestFence,
+    catches_inspect_reporting_first_holder: InspectReportsFirstHolder,
     catches_fair_queue_barging: FairBarges,
     catches_fair_queue_keeping_dropped_places: FairKeepsDroppedPlace,
     catches_fair_fences_from_own_counter: FairFenceSeparate,

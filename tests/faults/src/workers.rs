@@ -117,6 +117,7 @@ pub struct Harness {
     dir: tempfile::TempDir,
     proxies: Mutex<Vec<Proxy>>,
     worker_env: Vec<(String, String)>,
+    elect: bool,
 }
 
 impl Harness {
@@ -143,6 +144,7 @@ impl Harness {
             dir,
             proxies: Mutex::new(Vec::new()),
             worker_env: Vec::new(),
+            elect: false,
         })
     }
 
@@ -216,6 +218,13 @@ impl Harness {
         self
     }
 
+    /// Makes every later worker a candidate of an election on its key: a
+    /// section is then one term of leadership, its fence the term.
+    pub fn electing(mut self) -> Self {
+        self.elect = true;
+        self
+    }
+
     /// Starts a worker process.
     ///
     /// # Errors
@@ -235,6 +244,9 @@ impl Harness {
         }
         if spec.unsafe_mode {
             cmd.arg("--unsafe");
+        }
+        if self.elect {
+            cmd.arg("--elect");
         }
         if let Some(r) = spec.retry {
             cmd.args(["--retry-ms", &r.as_millis().to_string()]);

@@ -125,6 +125,62 @@ fn sigstop_etcd() {
     conclude(&harness::holder_paused(&h, &etcd(&e), false));
 }
 
+// ---- the leader of an election killed (SIGKILL) or paused (SIGSTOP) ----
+
+/// Workers that campaign in an election on the key: each section is one
+/// term of leadership, so an overlap the checker finds is two leaders.
+fn electing() -> Harness {
+    harness().electing()
+}
+
+/// Names an election run of a holder scenario as its own row.
+fn as_election(mut out: Outcome) -> Outcome {
+    out.scenario = out.scenario.replace("holder", "leader");
+    out
+}
+
+#[test]
+fn leader_sigkill_etcd() {
+    let e = fixtures::etcd::start_single().expect("etcd");
+    let h = electing();
+    conclude(&as_election(harness::holder_killed(&h, &etcd(&e))));
+}
+
+#[test]
+fn leader_sigkill_redis() {
+    let r = fixtures::redis::start_owned().expect("redis");
+    let h = electing();
+    conclude(&as_election(harness::holder_killed(&h, &redis(&r))));
+}
+
+#[test]
+fn leader_sigkill_postgres() {
+    let t = postgres_shared();
+    let h = electing();
+    conclude(&as_election(harness::holder_killed(&h, &t)));
+}
+
+#[test]
+fn leader_sigstop_etcd() {
+    let e = fixtures::etcd::start_single().expect("etcd");
+    let h = electing();
+    conclude(&as_election(harness::holder_paused(&h, &etcd(&e), false)));
+}
+
+#[test]
+fn leader_sigstop_redis() {
+    let r = fixtures::redis::start_owned().expect("redis");
+    let h = electing();
+    conclude(&as_election(harness::holder_paused(&h, &redis(&r), false)));
+}
+
+#[test]
+fn leader_sigstop_postgres() {
+    let t = postgres_shared();
+    let h = electing();
+    conclude(&as_election(harness::holder_paused(&h, &t, false)));
+}
+
 // ---- the checker catches unsafe locks ----
 
 /// A holder that ignores its validity deadline (keeps believing it holds
@@ -312,6 +368,106 @@ fn leader_kill_etcd_cluster() {
         c.kill_leader()?;
         c.wait_for_leader(Duration::from_secs(20)).map(drop)
     }));
+}
+
+// ---- a quorum member store killed and restarted ----
+
+/// A quorum of three stores of different kinds: etcd, the shared Postgres
+/// and a Redis of its own, without persistence and so with its restart
+/// quarantine.
+fn quorum_target(e: &fixtures::etcd::EtcdMember, r: &fixtures::redis::OwnedRedis) -> Target {
+    let pg = fixtures::postgres::shared_url().expect("postgres");
+    Target {
+        backend: "quorum(etcd+postgres+redis)",
+        url: format!(
+            "quorum:etcd://{}|{pg}|{}",
+            e.endpoint(),
+            r.url_with_quarantine(ETCD_TTL)
+        ),
+        ttl: ETCD_TTL,
+    }
+}
+
+/// How long a killed member stays down: past every hold's TTL, so holds
+/// are taken, renewed and expire on the other two alone.
+const MEMBER_DOWN: Duration = Duration::from_secs(7);
+
+/// Runs the store-fault scenario on a quorum with `kill` taking one member
+/// down for [`MEMBER_DOWN`] and `restart` bringing it back. Besides the
+/// scenario's own checks (0 violations, fences rising across the fault),
+/// the workers must have taken the key while the member was down.
+fn member_down(
+    h: &Harness,
+    t: &Target,
+    mut kill: impl FnMut(),
+    mut restart: impl FnMut() -> Result<(), String>,
+) -> Outcome {
+    let window = std::cell::Cell::new((0, 0));
+    let mut out = harness::store_fault(h, "quorum-member-restart", t, || {
+        let down = moltlock_faults::now_ns();
+        kill();
+        std::thread::sleep(MEMBER_DOWN);
+        window.set((down, moltlock_faults::now_ns()));
+        restart()
+    });
+    let (down, up) = window.get();
+    let taken = out.log.as_ref().map_or(0, |l| {
+        l.events
+            .iter()
+            .filter(|e| e.kind == "acquired" && e.t > down && e.t < up)
+            .count()
+    });
+    if taken == 0 {
+        out.failures
+            .push("nobody took the key while a member was down".into());
+    }
+    out.note
+        .push_str(&format!("; {taken} acquisitions while the member was down"));
+    out
+}
+
+/// The quorum's Redis member is killed while a worker holds the key,
+/// stays down past the TTL (the workers carry on over the other two) and
+/// comes back empty: 0 violations, fences rising across it.
+#[test]
+fn quorum_member_killed_and_restarted() {
+    let e = fixtures::etcd::start_single().expect("etcd");
+    let r = std::cell::RefCell::new(fixtures::redis::start_owned().expect("redis"));
+    let h = harness();
+    let t = quorum_target(&e, &r.borrow());
+    let mut out = member_down(
+        &h,
+        &t,
+        || r.borrow_mut().server.kill(),
+        || r.borrow_mut().restart(),
+    );
+    out.note.push_str(&format!(
+        "; Redis member down {} s, back without its data",
+        MEMBER_DOWN.as_secs()
+    ));
+    conclude(&out);
+}
+
+/// The quorum's etcd member is killed and restarted the same way: it comes
+/// back with its data (and its leases' remaining time).
+#[test]
+fn quorum_etcd_member_killed_and_restarted() {
+    let e = std::cell::RefCell::new(fixtures::etcd::start_single().expect("etcd"));
+    let r = fixtures::redis::start_owned().expect("redis");
+    let h = harness();
+    let t = quorum_target(&e.borrow(), &r);
+    let mut out = member_down(
+        &h,
+        &t,
+        || e.borrow_mut().process.kill(),
+        || e.borrow_mut().process.restart(),
+    );
+    out.backend = "quorum(etcd+postgres+redis), etcd down".into();
+    out.note.push_str(&format!(
+        "; etcd member down {} s, back with its data",
+        MEMBER_DOWN.as_secs()
+    ));
+    conclude(&out);
 }
 
 // ---- the store's wall clock steps forward ----

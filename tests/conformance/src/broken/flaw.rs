@@ -68,6 +68,9 @@ pub enum Flaw {
     ListPrefixAsPattern,
     /// `inspect` and `list` report the store's latest fence, not the hold's.
     InspectReportsLatestFence,
+    /// `inspect` and `list` report the first holder the key ever had (a
+    /// holder column that a takeover does not update).
+    InspectReportsFirstHolder,
     /// A fair acquisition first tries to take a free key directly.
     FairBarges,
     /// A dropped fair waiter's queue place stays until its TTL.
@@ -158,6 +161,7 @@ impl Flaw {
         Flaw::ListIgnoresPrefix,
         Flaw::ListPrefixAsPattern,
         Flaw::InspectReportsLatestFence,
+        Flaw::InspectReportsFirstHolder,
         Flaw::FairBarges,
         Flaw::FairKeepsDroppedPlace,
         Flaw::FairFenceSeparate,

@@ -7,8 +7,12 @@
 //! fault-worker --url URL --key KEY --ttl-ms N --rounds N --hold-ms N
 //!              --service 127.0.0.1:PORT --id NAME
 //!              [--pause-round R] [--unsafe] [--gap-ms N] [--lock-timeout-ms N]
-//!              [--retry-ms N]
+//!              [--retry-ms N] [--elect]
 //! ```
+//!
+//! `--elect` makes the worker a candidate of an election on the key
+//! instead of a plain holder: each section is one term of leadership
+//! (campaign, lead, resign), its fence the term.
 //!
 //! `--pause-round R` makes the worker stop itself with SIGSTOP in round R,
 //! right after its first write (the test resumes it with SIGCONT); the
@@ -36,15 +40,48 @@ struct Args {
     gap: Duration,
     lock_timeout: Duration,
     retry: Option<Duration>,
+    elect: bool,
+}
+
+/// What a section holds: a plain lock or a leadership.
+enum Hold {
+    Lock(moltlock::LockGuard),
+    Lead(moltlock::Leadership),
+}
+
+impl Hold {
+    async fn take(manager: &LockManager, args: &Args) -> Result<Self, moltlock::Error> {
+        if args.elect {
+            let election = manager.election(&args.key)?;
+            Ok(Self::Lead(election.campaign(args.id.clone()).await?))
+        } else {
+            Ok(Self::Lock(manager.lock(&args.key).await?))
+        }
+    }
+
+    fn guard(&self) -> &moltlock::LockGuard {
+        match self {
+            Self::Lock(g) => g,
+            Self::Lead(l) => l.guard(),
+        }
+    }
+
+    async fn release(self) -> Result<(), moltlock::Error> {
+        match self {
+            Self::Lock(g) => g.release().await,
+            Self::Lead(l) => l.resign().await,
+        }
+    }
 }
 
 fn parse() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let mut get = std::collections::HashMap::new();
-    let mut unsafe_mode = false;
+    let (mut unsafe_mode, mut elect) = (false, false);
     while let Some(flag) = it.next() {
-        if flag == "--unsafe" {
-            unsafe_mode = true;
+        if flag == "--unsafe" || flag == "--elect" {
+            unsafe_mode |= flag == "--unsafe";
+            elect |= flag == "--elect";
             continue;
         }
         let name = flag
@@ -87,6 +124,7 @@ fn parse() -> Result<Args, String> {
             )),
             None => None,
         },
+        elect,
     })
 }
 
@@ -115,8 +153,9 @@ async fn run(args: Args) -> Result<(), String> {
     let manager = builder.build().map_err(|e| e.to_string())?;
     let mut round = 0;
     while round < args.rounds {
-        let guard = match tokio::time::timeout(args.lock_timeout, manager.lock(&args.key)).await {
-            Ok(Ok(g)) => g,
+        let hold = match tokio::time::timeout(args.lock_timeout, Hold::take(&manager, &args)).await
+        {
+            Ok(Ok(h)) => h,
             Ok(Err(e)) => {
                 rep.event("error", 0, now_ns(), &e.to_string()).await?;
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -127,6 +166,7 @@ async fn run(args: Args) -> Result<(), String> {
                 continue;
             }
         };
+        let guard = hold.guard();
         let fence = guard.fence().get();
         rep.event("acquired", fence, now_ns(), "").await?;
         let valid_before = guard.is_held();
@@ -191,7 +231,7 @@ async fn run(args: Args) -> Result<(), String> {
                     .await?;
             }
         }
-        let released = tokio::time::timeout(args.ttl, guard.release()).await;
+        let released = tokio::time::timeout(args.ttl, hold.release()).await;
         let note = match released {
             Ok(Ok(())) => "ok".to_owned(),
             Ok(Err(e)) => e.to_string(),
