@@ -84,7 +84,7 @@ pub use migrate::{MigratingBackend, Phase};
 pub use options::LockOptions;
 pub use owner::{OwnedGuard, Owner};
 pub use pending::{pending_cleanups, wait_for_cleanups};
-pub use quorum::QuorumBackend;
+pub use quorum::{ConnectMember, LateMember, QuorumBackend};
 pub use records::{CasOutcome, Held, HolderInfo, MultiMode, MultiOutcome, RenewItem};
 pub use redact::{redact, Secret};
 pub use registry::LostEvent;

@@ -8,6 +8,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 mod inspect;
+mod late;
+
+pub use late::{ConnectMember, LateMember};
 
 use crate::clock::StepListener;
 use crate::{

@@ -249,11 +249,31 @@ async fn open_migration(url: &str) -> Result<Arc<dyn Backend>, Error> {
     Ok(Arc::new(MigratingBackend::new(old, new, phase)?))
 }
 
-#[allow(unused_variables, unreachable_code)]
 async fn open(store: Store, url: &str) -> Result<Arc<dyn Backend>, Error> {
     match store {
         Store::Migrate => open_migration(url).await,
         Store::Quorum => quorum_url::open_quorum(url).await,
+        one => open_one(one, url).await,
+    }
+}
+
+/// Connects to one store (not a migration or a quorum), as [`connect`]
+/// does: what a quorum's members are opened with.
+pub(crate) async fn connect_one(url: &str) -> Result<Arc<dyn Backend>, Error> {
+    let store = Store::of(url)?;
+    if !store.compiled_in() {
+        return Err(store.missing());
+    }
+    check_authority(store, url)?;
+    open_one(store, url).await.map_err(redact_error)
+}
+
+#[allow(unused_variables, unreachable_code)]
+async fn open_one(store: Store, url: &str) -> Result<Arc<dyn Backend>, Error> {
+    match store {
+        Store::Migrate | Store::Quorum => Err(Error::Config(
+            "a quorum member is one store, not a quorum or a migration".into(),
+        )),
         #[cfg(feature = "etcd")]
         Store::Etcd => Ok(Arc::new(etcd::EtcdBackend::from_url(url).await?)),
         #[cfg(feature = "redis")]

@@ -76,19 +76,50 @@ impl Inspect for QuorumBackend {
         }
     }
 
-    /// Every hold a majority of members report, sorted by key.
+    /// Every hold a majority of members report, sorted by key. Members are
+    /// asked side by side; a member that fails, or is still silent a
+    /// moment after a majority answered, is left out.
     async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
-        let mut all: Vec<HolderInfo> = Vec::new();
+        let mut set = JoinSet::new();
         for m in &self.members {
-            let Some(inspector) = m.inspector() else {
-                continue;
-            };
-            all.extend(inspector.list(prefix).await?);
+            let (m, prefix) = (m.clone(), prefix.to_owned());
+            set.spawn(async move {
+                match m.inspector() {
+                    Some(i) => i.list(&prefix).await,
+                    None => Ok(Vec::new()),
+                }
+            });
         }
-        let mut keys: Vec<String> = all.iter().map(|h| h.key.clone()).collect();
+        let need = self.majority();
+        let (mut all, mut answered, mut failed) = (Vec::new(), 0, None);
+        loop {
+            let next = if answered >= need {
+                match tokio::time::timeout(LATE_ANSWER, set.join_next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                }
+            } else {
+                set.join_next().await
+            };
+            let Some(joined) = next else { break };
+            match joined {
+                Ok(Ok(holds)) => {
+                    answered += 1;
+                    all.extend(holds);
+                }
+                Ok(Err(e)) => failed = Some(e),
+                Err(e) => failed = Some(Error::store("quorum", e.to_string(), true)),
+            }
+        }
+        set.detach_all();
+        if answered < need {
+            return Err(
+                failed.unwrap_or_else(|| Error::store("quorum", "no majority answered", true))
+            );
+        }
+        let mut keys: Vec<String> = all.iter().map(|h: &HolderInfo| h.key.clone()).collect();
         keys.sort();
         keys.dedup();
-        let need = self.majority();
         Ok(keys
             .into_iter()
             .filter_map(|k| agreed(all.iter().filter(|h| h.key == k).cloned().collect(), need))

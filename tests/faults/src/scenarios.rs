@@ -328,6 +328,17 @@ pub fn store_fault(
     target: &Target,
     fault: impl FnOnce() -> Result<(), String>,
 ) -> Outcome {
+    store_fault_on_key(h, scenario, target, |_| fault())
+}
+
+/// [`store_fault`] with a fault that is told the scenario's key (to start
+/// workers of its own on it while the fault lasts).
+pub fn store_fault_on_key(
+    h: &Harness,
+    scenario: &str,
+    target: &Target,
+    fault: impl FnOnce(&str) -> Result<(), String>,
+) -> Outcome {
     let mut out = Outcome::new(scenario, target);
     let key = key(scenario);
     let mut workers = Vec::new();
@@ -355,7 +366,7 @@ pub fn store_fault(
         return out;
     }
     let before = now_ns();
-    if let Err(e) = fault() {
+    if let Err(e) = fault(&key) {
         out.fail(format!("the fault itself failed: {e}"));
         return out;
     }

@@ -393,9 +393,11 @@ fn quorum_target(e: &fixtures::etcd::EtcdMember, r: &fixtures::redis::OwnedRedis
 const MEMBER_DOWN: Duration = Duration::from_secs(7);
 
 /// Runs the store-fault scenario on a quorum with `kill` taking one member
-/// down for [`MEMBER_DOWN`] and `restart` bringing it back. Besides the
-/// scenario's own checks (0 violations, fences rising across the fault),
-/// the workers must have taken the key while the member was down.
+/// down for [`MEMBER_DOWN`] and `restart` bringing it back; a second into
+/// the outage a newcomer process starts (its quorum connects with the
+/// member down). Besides the scenario's own checks (0 violations, fences
+/// rising across the fault), the workers must have taken the key while
+/// the member was down, and the newcomer must have connected then.
 fn member_down(
     h: &Harness,
     t: &Target,
@@ -403,26 +405,51 @@ fn member_down(
     mut restart: impl FnMut() -> Result<(), String>,
 ) -> Outcome {
     let window = std::cell::Cell::new((0, 0));
-    let mut out = harness::store_fault(h, "quorum-member-restart", t, || {
+    let mut joiner = None;
+    let mut out = harness::store_fault_on_key(h, "quorum-member-restart", t, |key| {
         let down = moltlock_faults::now_ns();
         kill();
-        std::thread::sleep(MEMBER_DOWN);
+        std::thread::sleep(Duration::from_secs(1));
+        let mut spec = harness::Spec::new("joiner", t, key, 1, t.ttl.mul_f64(0.4));
+        spec.retry = Some(Duration::from_millis(25));
+        joiner = Some(h.spawn(&spec)?);
+        std::thread::sleep(MEMBER_DOWN - Duration::from_secs(1));
         window.set((down, moltlock_faults::now_ns()));
         restart()
     });
+    if let Some(mut w) = joiner {
+        if let Err(e) = h.finish(std::slice::from_mut(&mut w), Duration::from_secs(30)) {
+            out.failures.push(e);
+        }
+        let log = h.service.log();
+        out.verdict = moltlock_faults::check::check(&log);
+        out.log = Some(log);
+    }
     let (down, up) = window.get();
-    let taken = out.log.as_ref().map_or(0, |l| {
-        l.events
-            .iter()
-            .filter(|e| e.kind == "acquired" && e.t > down && e.t < up)
-            .count()
-    });
+    let during = |kind: &str, who: Option<&str>| {
+        out.log.as_ref().map_or(0, |l| {
+            l.events
+                .iter()
+                .filter(|e| e.kind == kind && e.t > down && e.t < up)
+                .filter(|e| who.is_none_or(|w| e.worker == w))
+                .count()
+        })
+    };
+    let taken = during("acquired", None);
+    let joined = during("connected", Some("joiner"));
     if taken == 0 {
         out.failures
             .push("nobody took the key while a member was down".into());
     }
+    if joined == 0 {
+        out.failures
+            .push("the newcomer could not connect while a member was down".into());
+    }
     out.note
         .push_str(&format!("; {taken} acquisitions while the member was down"));
+    if joined > 0 {
+        out.note.push_str(", a newcomer connected meanwhile");
+    }
     out
 }
 

@@ -146,6 +146,7 @@ async fn connect(url: &str) -> Result<std::sync::Arc<dyn moltlock::Backend>, Str
 async fn run(args: Args) -> Result<(), String> {
     let mut rep = Reporter::connect(&args.service, &args.id).await?;
     let backend = connect(&args.url).await?;
+    rep.event("connected", 0, now_ns(), "").await?;
     let mut builder = LockManager::builder(backend).ttl(args.ttl);
     if let Some(every) = args.retry {
         builder = builder.retry(moltlock::RetryPolicy::Fixed(every));
