@@ -13,9 +13,11 @@ pub struct RevokeArgs {
     /// slot keys of a semaphore or read-write lock too).
     #[arg(long)]
     key: String,
-    /// Ask the holder to release instead of removing it: the holder hears
-    /// of it at its next renewal (a `moltlock run` then stops its command
-    /// with SIGTERM, gives it --grace, and releases). Nothing is taken away.
+    /// Ask the holder to release instead of removing it: nothing is taken
+    /// away, and a holder that listens hears of it at its next renewal (a
+    /// `moltlock run` or `moltlock elect` of one plain key then stops its
+    /// command with SIGTERM, gives it --grace, and releases). Status 0
+    /// says the request was written, not that anyone listens.
     #[arg(long)]
     ask: bool,
 }

@@ -21,28 +21,36 @@ use crate::{Backend, CasOutcome, Error, HolderInfo, LockKey, Token};
 /// The suffix of a key's release-request key.
 pub(crate) const ASK: &str = "release";
 
-/// A request outlives this many of the holder's reported time left, so it
-/// is seen by several of its renewals.
-const ASK_SPANS: u32 = 3;
-
 /// The request's TTL when the store reports no time left.
-const ASK_DEFAULT_TTL: Duration = Duration::from_secs(30);
+const ASK_DEFAULT_TTL: Duration = Duration::from_secs(10);
 
-/// Writes the request for `holder`, replacing one meant for an earlier
-/// holder.
+/// Writes the request for `holder` of `key`, replacing one meant for an
+/// earlier holder; `false` (nothing written) when `holder` no longer holds
+/// the key.
 pub(crate) async fn post(
     backend: &dyn Backend,
-    ask: &LockKey,
+    key: &LockKey,
     holder: &Token,
     ttl: Duration,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
+    let ask = key.derive(ASK);
+    let inspector = crate::forward::require(backend.name(), backend.inspector(), "inspect")?;
     let mut expected: Option<Token> = None;
     for _ in 0..4 {
-        match backend.cas(ask, expected.as_ref(), holder, ttl).await? {
-            CasOutcome::Acquired { .. } => return Ok(()),
+        match backend.cas(&ask, expected.as_ref(), holder, ttl).await? {
+            CasOutcome::Acquired { .. } => return Ok(true),
             CasOutcome::Held(seen) => match seen.holder {
-                Some(t) if &t == holder => return Ok(()),
-                other => expected = other,
+                Some(t) if &t == holder => return Ok(true),
+                // A request for someone else: replace it only while our
+                // holder still holds the key (else it may be the request
+                // meant for a newer holder).
+                other => {
+                    let now = inspector.inspect(key).await?;
+                    if now.is_none_or(|h| &h.holder != holder) {
+                        return Ok(false);
+                    }
+                    expected = other;
+                }
             },
         }
     }
@@ -54,19 +62,37 @@ pub(crate) async fn post(
     })
 }
 
+/// A request lives about as long as its holder's hold has left (so a
+/// store that caps TTLs by the holds it grants accepts it), which its
+/// holder's next renewal falls within.
 pub(crate) fn ask_ttl(holder: &HolderInfo, min_ttl: Duration) -> Duration {
     holder
         .expires_in
-        .map_or(ASK_DEFAULT_TTL, |left| left * ASK_SPANS)
+        .unwrap_or(ASK_DEFAULT_TTL)
         .clamp(min_ttl.max(Duration::from_secs(1)), crate::MAX_TTL)
 }
 
 /// Looks for requests to the holds of `due` that listen for them, one
-/// inspect each, side by side; marks those asked.
-pub(crate) async fn check(backend: &Arc<dyn Backend>, due: &[Arc<Hold>]) {
-    let listening = due
+/// inspect each, side by side, in a task of its own (the renewal never
+/// waits for it), for at most half the shortest renewal interval; marks
+/// those asked.
+pub(crate) fn spawn_check(backend: &Arc<dyn Backend>, due: &[Arc<Hold>]) {
+    let listening: Vec<Arc<Hold>> = due
         .iter()
-        .filter(|h| h.listening.load(Ordering::Acquire) && !*h.asked.borrow());
+        .filter(|h| h.listening.load(Ordering::Acquire) && !*h.asked.borrow())
+        .cloned()
+        .collect();
+    let Some(interval) = listening.iter().map(|h| h.interval).min() else {
+        return;
+    };
+    let backend = backend.clone();
+    tokio::spawn(async move {
+        let reads = check(&backend, &listening);
+        let _ = tokio::time::timeout(interval / 2, reads).await;
+    });
+}
+
+async fn check(backend: &Arc<dyn Backend>, listening: &[Arc<Hold>]) {
     let mut reads = JoinSet::new();
     for hold in listening {
         let (backend, hold) = (backend.clone(), hold.clone());

@@ -129,7 +129,7 @@ impl LockGuard {
     }
 
     /// Resolves once someone asked this holder to release the lock
-    /// ([`LockManager::request_release`]). The request is checked with
+    /// ([`LockManager::request_release`](crate::LockManager::request_release)). The request is checked with
     /// each renewal (every TTL/3) from the first call on, so it is heard
     /// within about one renewal interval. It never resolves on a backend
     /// that cannot inspect holds.

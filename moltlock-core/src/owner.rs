@@ -41,15 +41,18 @@ impl LockManager {
     }
 
     /// Asks the current holder of `key` to release it, and returns that
-    /// holder (`None` when nobody holds the key). Unlike
+    /// holder (`None` when nobody holds the key, or its holder changed
+    /// while asking: ask again to reach the new one). Unlike
     /// [`revoke`](Self::revoke) it takes nothing away: the holder's
-    /// [`LockGuard::release_requested`] resolves at its next renewal, and
+    /// [`LockGuard::release_requested`](crate::LockGuard::release_requested) resolves at its next renewal, and
     /// the holder decides when to let go. The request is meant for that
     /// one hold: a later holder of the key does not see it.
     ///
     /// The holder hears of it only while it listens (it called
-    /// `release_requested`); the request then lives a few of the holder's
-    /// TTLs, or until the holder releases.
+    /// `release_requested`, as `moltlock run` of one plain key does). The
+    /// request lives about as long as the hold has left, which the
+    /// holder's next renewal falls within; a holder that heard it removes
+    /// it when it releases.
     ///
     /// # Errors
     /// [`Error::Unsupported`] when the backend cannot inspect holds;
@@ -66,13 +69,9 @@ impl LockManager {
             return Ok(None);
         };
         let ttl = crate::ask::ask_ttl(&holder, self.inner().limits.min_ttl);
-        crate::ask::post(
-            backend.as_ref(),
-            &key.derive(crate::ask::ASK),
-            &holder.holder,
-            ttl,
-        )
-        .await?;
+        if !crate::ask::post(backend.as_ref(), &key, &holder.holder, ttl).await? {
+            return Ok(None);
+        }
         tracing::info!(%key, fence = ?holder.fence, "asked the holder to release");
         Ok(Some(holder))
     }

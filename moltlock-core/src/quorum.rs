@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+mod batch;
 mod inspect;
 mod late;
 
@@ -14,12 +15,15 @@ pub use late::{ConnectMember, LateMember};
 
 use crate::clock::StepListener;
 use crate::{
-    Backend, CasOutcome, Error, Fence, Held, Inspect, Limits, LockKey, RaiseFence, StoreClock,
-    Token,
+    Backend, CasOutcome, Describe, Error, Fence, Held, Inspect, Limits, LockKey, RaiseFence,
+    RenewMany, StoreClock, Token,
 };
 
 /// How long a won acquisition waits for the members still answering.
 const STRAGGLE: Duration = Duration::from_millis(100);
+
+/// How long a description waits for the members' answers.
+const DESCRIBE_WAIT: Duration = Duration::from_secs(5);
 
 /// The drift allowance a quorum grants before it stops counting replies.
 const DEFAULT_DRIFT: f64 = 0.02;
@@ -419,6 +423,19 @@ impl Backend for QuorumBackend {
 
     fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
         Some(self)
+    }
+
+    fn renewer(&self) -> Option<&dyn RenewMany> {
+        Some(self)
+    }
+
+    /// Where every member stores descriptions.
+    fn describer(&self) -> Option<&dyn Describe> {
+        if self.members.iter().all(|m| m.describer().is_some()) {
+            Some(self)
+        } else {
+            None
+        }
     }
 }
 

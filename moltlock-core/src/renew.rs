@@ -129,10 +129,8 @@ async fn renew(inner: &Arc<Inner>, due: &[Arc<Hold>]) {
             None => crate::forward::renew_each(backend, &items).await,
         }
     };
-    let (result, _) = tokio::join!(
-        tokio::time::timeout_at(deadline, renewal),
-        tokio::time::timeout_at(deadline, crate::ask::check(&inner.backend, &due))
-    );
+    crate::ask::spawn_check(&inner.backend, &due);
+    let result = tokio::time::timeout_at(deadline, renewal).await;
     match result {
         Ok(Ok(held)) if held.len() == due.len() => {
             metrics::renewed(name, due.len());

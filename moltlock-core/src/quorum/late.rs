@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use crate::clock::StepListener;
 use crate::{
-    Backend, CasOutcome, Error, Fence, HolderInfo, Inspect, Limits, LockKey, RaiseFence,
-    StoreClock, Token,
+    Backend, CasOutcome, Describe, Error, Fence, HolderInfo, Inspect, Limits, LockKey, RaiseFence,
+    RenewItem, RenewMany, StoreClock, Token,
 };
 
 /// Opens a member's store: what [`LateMember`] calls until it succeeds.
@@ -98,11 +98,16 @@ impl LateMember {
             Ok(Ok(backend)) => Ok(self.connected(backend)),
             failed => {
                 *lock(&self.next_try) = Instant::now() + RETRY_AFTER;
-                let why = match failed {
+                let why = match &failed {
                     Ok(Err(e)) => format!("is still unreachable: {e}"),
                     _ => format!("did not answer within {CONNECT_WAIT:?}"),
                 };
-                tracing::debug!(member = self.name, %why, "quorum member still down");
+                match &failed {
+                    Ok(Err(e)) if !matches!(e, Error::Unavailable { .. }) => {
+                        tracing::warn!(member = self.name, %why, "quorum member refuses to connect");
+                    }
+                    _ => tracing::debug!(member = self.name, %why, "quorum member still down"),
+                }
                 Err(self.down(&why))
             }
         }
@@ -180,6 +185,34 @@ impl Backend for LateMember {
 
     fn fence_raiser(&self) -> Option<&dyn RaiseFence> {
         Some(self)
+    }
+
+    fn renewer(&self) -> Option<&dyn RenewMany> {
+        Some(self)
+    }
+
+    fn describer(&self) -> Option<&dyn Describe> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl RenewMany for LateMember {
+    async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        let m = self.get().await?;
+        match m.renewer() {
+            Some(r) => r.renew_many(items).await,
+            None => crate::forward::renew_each(&**m, items).await,
+        }
+    }
+}
+
+#[async_trait]
+impl Describe for LateMember {
+    async fn describe(&self, key: &LockKey, owner: &Token, text: &str) -> Result<bool, Error> {
+        let m = self.get().await?;
+        let describer = m.describer().ok_or_else(|| self.unsupported("describe"))?;
+        describer.describe(key, owner, text).await
     }
 }
 

@@ -55,7 +55,7 @@ mod quorum_of_three {
 
     moltlock_conformance::conformance_tests!(
         quorum(),
-        without: [watch, fair_queue, describe, cas_multi]
+        without: [watch, fair_queue, cas_multi]
     );
 }
 
