@@ -6,25 +6,31 @@
 //! |---|---|---|
 //! | Redis | `SET k t NX PX ttl` | the compare-and-`DEL` script (`EVALSHA`) |
 //! | etcd | `Txn(if create_revision(k) == 0 then put(k, t, lease) else get(k))` | `Txn(if value(k) == t then delete(k))` |
-//! | Postgres, SQLite, MySQL | the backend's own `cas` (its one conditional insert), called without the manager | the backend's own owner-checked `delete` |
+//! | Postgres | `INSERT … ON CONFLICT (k) DO UPDATE … WHERE expires_at < now()` | `DELETE … WHERE k = $1 AND token = $2` |
+//! | SQLite | the same, with the expiry in milliseconds of the process clock | the same |
+//! | MySQL/MariaDB | `INSERT … ON DUPLICATE KEY UPDATE` taking only an expired row, by the server's clock | the same `DELETE` |
 //!
-//! The SQL floors call the backend directly, so they always issue exactly
-//! the statements the backend does.
+//! The SQL floors are written here against a table of the harness's own
+//! (`moltlock_bench_floor`, dropped by [`Floor::cleanup`]), not through
+//! the backend: a floor measured with the backend's own statements would
+//! make a slow backend look like its own floor.
 
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-use moltlock::{Backend, CasOutcome, LockKey, Store, Token};
+use moltlock::Store;
 use redis::aio::ConnectionManager;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::SqliteSynchronous;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::Executor;
 
 use crate::target::{etcd_prefix, redis_prefix, Target};
+
+mod sql;
 use crate::workload::Cycler;
 
 /// The TTL of floor holds (they are released at once).
@@ -54,25 +60,19 @@ pub enum Floor {
         /// The key prefix the backend uses in this run.
         prefix: String,
     },
-    /// Postgres: the backend, and a pool for the bare round trip.
+    /// Postgres: a raw pool.
     Postgres {
-        /// The backend, used without a manager.
-        backend: Arc<dyn Backend>,
-        /// A pool of its own for `SELECT 1`.
+        /// A pool of its own.
         pool: PgPool,
     },
-    /// SQLite: the backend, and a pool for the bare round trip.
+    /// SQLite: a raw pool.
     Sqlite {
-        /// The backend, used without a manager.
-        backend: Arc<dyn Backend>,
-        /// A pool of its own for `SELECT 1`.
+        /// A pool of its own.
         pool: SqlitePool,
     },
-    /// MySQL or MariaDB: the backend, and a pool for the bare round trip.
+    /// MySQL or MariaDB: a raw pool.
     Mysql {
-        /// The backend, used without a manager.
-        backend: Arc<dyn Backend>,
-        /// A pool of its own for `SELECT 1`.
+        /// A pool of its own.
         pool: MySqlPool,
     },
 }
@@ -82,8 +82,7 @@ fn err(e: impl std::fmt::Display) -> String {
 }
 
 impl Floor {
-    /// Connects to the target's store. The backend must have been opened
-    /// first (it creates the SQL schema).
+    /// Connects to the target's store (and creates the SQL floor's table).
     ///
     /// # Errors
     /// Connection errors, as text.
@@ -110,10 +109,12 @@ impl Floor {
             }
             Store::Postgres => {
                 let pool = PgPoolOptions::new().max_connections(POOL);
-                Ok(Self::Postgres {
-                    backend: t.backend().await?,
-                    pool: pool.connect(&t.url).await.map_err(err)?,
-                })
+                let pool = pool.connect(&t.url).await.map_err(err)?;
+                sqlx::query(sql::PG_TABLE)
+                    .execute(&pool)
+                    .await
+                    .map_err(err)?;
+                Ok(Self::Postgres { pool })
             }
             Store::Sqlite => {
                 let opts = SqliteConnectOptions::from_str(&t.url)
@@ -122,17 +123,21 @@ impl Floor {
                     .synchronous(SqliteSynchronous::Normal)
                     .busy_timeout(Duration::from_secs(10));
                 let pool = SqlitePoolOptions::new().max_connections(POOL);
-                Ok(Self::Sqlite {
-                    backend: t.backend().await?,
-                    pool: pool.connect_with(opts).await.map_err(err)?,
-                })
+                let pool = pool.connect_with(opts).await.map_err(err)?;
+                sqlx::query(sql::SQLITE_TABLE)
+                    .execute(&pool)
+                    .await
+                    .map_err(err)?;
+                Ok(Self::Sqlite { pool })
             }
             Store::Mysql => {
                 let pool = MySqlPoolOptions::new().max_connections(POOL);
-                Ok(Self::Mysql {
-                    backend: t.backend().await?,
-                    pool: pool.connect(&t.url).await.map_err(err)?,
-                })
+                let pool = pool.connect(&t.url).await.map_err(err)?;
+                sqlx::query(sql::MYSQL_TABLE)
+                    .execute(&pool)
+                    .await
+                    .map_err(err)?;
+                Ok(Self::Mysql { pool })
             }
             #[allow(unreachable_patterns)]
             other => Err(format!("{other:?} is not a store the harness measures")),
@@ -181,9 +186,9 @@ impl Floor {
                 lease,
                 prefix,
             } => etcd_cycle(client, *lease, format!("{prefix}{key}"), &token).await?,
-            Self::Postgres { backend, .. }
-            | Self::Sqlite { backend, .. }
-            | Self::Mysql { backend, .. } => backend_cycle(backend.as_ref(), key).await?,
+            Self::Postgres { pool } => sql::pg_cycle(pool, key, &token).await?,
+            Self::Sqlite { pool } => sql::sqlite_cycle(pool, key, &token).await?,
+            Self::Mysql { pool } => sql::mysql_cycle(pool, key, &token).await?,
         };
         if taken {
             Ok(())
@@ -193,7 +198,8 @@ impl Floor {
     }
 
     /// Removes what the run left in the store: Redis fence keys under the
-    /// run's prefix, the etcd lease (and keys under the run's prefix).
+    /// run's prefix, the etcd lease (and keys under the run's prefix), the
+    /// SQL floor's table.
     ///
     /// # Errors
     /// Store errors, as text.
@@ -211,21 +217,18 @@ impl Floor {
                 c.delete(prefix.as_str(), Some(opts)).await.map_err(err)?;
                 Ok(())
             }
-            _ => Ok(()),
+            Self::Postgres { pool } => drop_table(pool.execute(sql::DROP)).await,
+            Self::Sqlite { pool } => drop_table(pool.execute(sql::DROP)).await,
+            Self::Mysql { pool } => drop_table(pool.execute(sql::DROP)).await,
         }
     }
 }
 
-/// The backend's own `cas` of a free key, then its `delete`.
-async fn backend_cycle(backend: &dyn Backend, key: &str) -> Result<bool, String> {
-    let key = LockKey::new(key).map_err(err)?;
-    let token = Token::random();
-    let taken = matches!(
-        backend.cas(&key, None, &token, TTL).await.map_err(err)?,
-        CasOutcome::Acquired { .. }
-    );
-    let released = backend.delete(&key, &token).await.map_err(err)?;
-    Ok(taken && released)
+/// Awaits the drop of the SQL floor's table.
+async fn drop_table<T, E: std::fmt::Display>(
+    done: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<(), String> {
+    done.await.map(|_| ()).map_err(err)
 }
 
 async fn redis_cycle(conn: &ConnectionManager, key: &str, token: &str) -> Result<bool, String> {

@@ -1,0 +1,111 @@
+//! The SQL floors: each store's cheapest correct lock recipe, written here
+//! against a table of the harness's own. A free or expired row is taken by
+//! one conditional insert; the release is one owner-checked delete.
+
+use sqlx::{MySqlPool, PgPool, SqlitePool};
+
+use super::{err, TTL};
+
+/// Drops the floor's table.
+pub(super) const DROP: &str = "DROP TABLE IF EXISTS moltlock_bench_floor";
+
+/// Postgres: expiry by the server's clock.
+pub(super) const PG_TABLE: &str = "CREATE TABLE IF NOT EXISTS moltlock_bench_floor \
+     (k TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)";
+
+/// SQLite: expiry in milliseconds of the process clock (SQLite's clock is
+/// its client's).
+pub(super) const SQLITE_TABLE: &str = "CREATE TABLE IF NOT EXISTS moltlock_bench_floor \
+     (k TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at INTEGER NOT NULL)";
+
+/// MySQL/MariaDB: expiry in milliseconds of the server's clock.
+pub(super) const MYSQL_TABLE: &str = "CREATE TABLE IF NOT EXISTS moltlock_bench_floor \
+     (k VARCHAR(191) PRIMARY KEY, token VARCHAR(64) NOT NULL, expires_at BIGINT NOT NULL)";
+
+const PG_TAKE: &str = "INSERT INTO moltlock_bench_floor (k, token, expires_at) \
+     VALUES ($1, $2, now() + $3 * interval '1 millisecond') \
+     ON CONFLICT (k) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at \
+     WHERE moltlock_bench_floor.expires_at < now()";
+const PG_RELEASE: &str = "DELETE FROM moltlock_bench_floor WHERE k = $1 AND token = $2";
+
+const SQLITE_TAKE: &str = "INSERT INTO moltlock_bench_floor (k, token, expires_at) \
+     VALUES (?1, ?2, ?3 + ?4) \
+     ON CONFLICT (k) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at \
+     WHERE moltlock_bench_floor.expires_at < ?3";
+const SQLITE_RELEASE: &str = "DELETE FROM moltlock_bench_floor WHERE k = ?1 AND token = ?2";
+
+/// The assignments run in order: the token is compared with the old expiry
+/// before the expiry is replaced.
+const MYSQL_TAKE: &str = "INSERT INTO moltlock_bench_floor (k, token, expires_at) \
+     VALUES (?, ?, ROUND(UNIX_TIMESTAMP(NOW(3)) * 1000) + ?) \
+     ON DUPLICATE KEY UPDATE \
+     token = IF(expires_at < ROUND(UNIX_TIMESTAMP(NOW(3)) * 1000), VALUES(token), token), \
+     expires_at = IF(token = VALUES(token), VALUES(expires_at), expires_at)";
+const MYSQL_RELEASE: &str = "DELETE FROM moltlock_bench_floor WHERE k = ? AND token = ?";
+
+fn ttl_ms() -> i64 {
+    i64::try_from(TTL.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Takes the free `key` and releases it; whether both happened.
+pub(super) async fn pg_cycle(pool: &PgPool, key: &str, token: &str) -> Result<bool, String> {
+    let take = sqlx::query(PG_TAKE)
+        .bind(key)
+        .bind(token)
+        .bind(ttl_ms())
+        .execute(pool)
+        .await
+        .map_err(err)?;
+    let release = sqlx::query(PG_RELEASE)
+        .bind(key)
+        .bind(token)
+        .execute(pool)
+        .await
+        .map_err(err)?;
+    Ok(take.rows_affected() == 1 && release.rows_affected() == 1)
+}
+
+/// As [`pg_cycle`], on SQLite.
+pub(super) async fn sqlite_cycle(
+    pool: &SqlitePool,
+    key: &str,
+    token: &str,
+) -> Result<bool, String> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(err)?;
+    let now_ms = i64::try_from(now.as_millis()).unwrap_or(i64::MAX);
+    let take = sqlx::query(SQLITE_TAKE)
+        .bind(key)
+        .bind(token)
+        .bind(now_ms)
+        .bind(ttl_ms())
+        .execute(pool)
+        .await
+        .map_err(err)?;
+    let release = sqlx::query(SQLITE_RELEASE)
+        .bind(key)
+        .bind(token)
+        .execute(pool)
+        .await
+        .map_err(err)?;
+    Ok(take.rows_affected() == 1 && release.rows_affected() == 1)
+}
+
+/// As [`pg_cycle`], on MySQL/MariaDB (an insert reports 1 row, a takeover 2).
+pub(super) async fn mysql_cycle(pool: &MySqlPool, key: &str, token: &str) -> Result<bool, String> {
+    let take = sqlx::query(MYSQL_TAKE)
+        .bind(key)
+        .bind(token)
+        .bind(ttl_ms())
+        .execute(pool)
+        .await
+        .map_err(err)?;
+    let release = sqlx::query(MYSQL_RELEASE)
+        .bind(key)
+        .bind(token)
+        .execute(pool)
+        .await
+        .map_err(err)?;
+    Ok(matches!(take.rows_affected(), 1 | 2) && release.rows_affected() == 1)
+}
