@@ -95,9 +95,17 @@ impl StoreClock {
         listeners.push(Arc::downgrade(listener));
     }
 
-    /// Passes on a step another clock saw (a quorum's, from its members).
-    pub(crate) fn relay(&self, step: Duration) {
-        self.notify(step);
+    /// Passes every forward step of `from` on to `to` while the returned
+    /// listener is kept (a quorum's clock, from its members').
+    pub(crate) fn relay(to: &Arc<StoreClock>, from: &StoreClock) -> Arc<StepListener> {
+        let to = Arc::downgrade(to);
+        let relay: Arc<StepListener> = Arc::new(move |step| {
+            if let Some(c) = to.upgrade() {
+                c.notify(step);
+            }
+        });
+        from.subscribe(&relay);
+        relay
     }
 
     fn notify(&self, step: Duration) {
@@ -111,7 +119,7 @@ impl StoreClock {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     match m.lock() {
         Ok(g) => g,
         Err(poisoned) => poisoned.into_inner(),

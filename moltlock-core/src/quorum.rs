@@ -88,20 +88,11 @@ impl QuorumBackend {
             }
         }
         let clock = Arc::new(StoreClock::new());
-        let mut relays = Vec::new();
-        for m in &members {
-            let Some(member_clock) = m.store_clock() else {
-                continue;
-            };
-            let ours = Arc::downgrade(&clock);
-            let relay: Arc<StepListener> = Arc::new(move |step| {
-                if let Some(c) = ours.upgrade() {
-                    c.relay(step);
-                }
-            });
-            member_clock.subscribe(&relay);
-            relays.push(relay);
-        }
+        let relays = members
+            .iter()
+            .filter_map(|m| m.store_clock())
+            .map(|member_clock| StoreClock::relay(&clock, member_clock))
+            .collect();
         Ok(Self {
             members,
             drift: DEFAULT_DRIFT,

@@ -216,3 +216,56 @@ async fn a_lost_hold_is_not_joined() {
     assert!(again.fence() > first.fence(), "joined a lost hold");
     assert!(again.is_held());
 }
+
+/// A store whose reads of holds never answer (a hung replica, a stalled
+/// connection) while its writes do.
+#[derive(Clone, Default)]
+struct HangingInspect(MemoryBackend);
+
+#[async_trait]
+impl Backend for HangingInspect {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        self.0.cas(key, expected, new, ttl).await
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        self.0.delete(key, owner).await
+    }
+
+    fn inspector(&self) -> Option<&dyn Inspect> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Inspect for HangingInspect {
+    async fn inspect(&self, _key: &LockKey) -> Result<Option<moltlock_core::HolderInfo>, Error> {
+        std::future::pending().await
+    }
+
+    async fn list(&self, _prefix: &str) -> Result<Vec<moltlock_core::HolderInfo>, Error> {
+        std::future::pending().await
+    }
+}
+
+/// Listening for release requests never holds up renewal: with every read
+/// of the requests hanging, a listening hold and its neighbour stay valid
+/// across several TTLs (and are never asked).
+#[tokio::test(start_paused = true)]
+async fn a_hanging_request_check_does_not_hold_up_renewal() {
+    let m = manager(HangingInspect::default());
+    let listening = m.lock("asked").await.unwrap();
+    let neighbour = m.lock("beside").await.unwrap();
+    assert!(!listening.is_release_requested());
+    let heard = tokio::time::timeout(TTL * 4, listening.release_requested()).await;
+    assert!(heard.is_err(), "a request was heard that nobody made");
+    assert!(listening.is_held(), "the listening hold was lost");
+    assert!(neighbour.is_held(), "the neighbour was lost");
+    assert!(listening.valid_for().unwrap() > TTL / 2);
+}

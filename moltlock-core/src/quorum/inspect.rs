@@ -30,45 +30,63 @@ fn agreed(answers: Vec<HolderInfo>, need: usize) -> Option<HolderInfo> {
     best.map(|(_, info)| info)
 }
 
+/// Every member's answer to `ask`, side by side: all of them, except that
+/// once a majority answered, a member still silent after [`LATE_ANSWER`]
+/// is left out.
+async fn gather<T, F, Fut>(q: &QuorumBackend, ask: F) -> Vec<Result<T, Error>>
+where
+    T: Send + 'static,
+    F: Fn(std::sync::Arc<dyn Backend>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>> + Send + 'static,
+{
+    let mut set = JoinSet::new();
+    for m in &q.members {
+        set.spawn(ask(m.clone()));
+    }
+    let need = q.majority();
+    let mut answers = Vec::new();
+    loop {
+        let next = if answers.len() >= need {
+            match tokio::time::timeout(LATE_ANSWER, set.join_next()).await {
+                Ok(next) => next,
+                Err(_) => break,
+            }
+        } else {
+            set.join_next().await
+        };
+        let Some(joined) = next else { break };
+        answers.push(joined.unwrap_or_else(|e| Err(Error::store("quorum", e.to_string(), true))));
+    }
+    set.detach_all();
+    answers
+}
+
 #[async_trait]
 impl Inspect for QuorumBackend {
     /// The holder a majority of members report; returns as soon as the
     /// answers decide it.
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        let mut set = JoinSet::new();
-        for m in &self.members {
-            let (m, key) = (m.clone(), key.clone());
-            set.spawn(async move {
+        let key = key.clone();
+        let replies = gather(self, |m| {
+            let key = key.clone();
+            async move {
                 match m.inspector() {
                     Some(i) => i.inspect(&key).await,
                     None => Ok(None),
                 }
-            });
-        }
+            }
+        })
+        .await;
+        // Every answer counts (how many agree decides the fence).
         let need = self.majority();
         let (mut answers, mut free, mut failed) = (Vec::new(), 0, None);
-        // Every answer counts (how many agree decides the fence), but once
-        // a majority answered, a member that hangs is waited for briefly.
-        let mut answered = 0;
-        loop {
-            let next = if answered >= need {
-                match tokio::time::timeout(LATE_ANSWER, set.join_next()).await {
-                    Ok(next) => next,
-                    Err(_) => break,
-                }
-            } else {
-                set.join_next().await
-            };
-            let Some(joined) = next else { break };
-            answered += 1;
-            match joined {
-                Ok(Ok(Some(info))) => answers.push(info),
-                Ok(Ok(None)) => free += 1,
-                Ok(Err(e)) => failed = Some(e),
-                Err(e) => failed = Some(Error::store("quorum", e.to_string(), true)),
+        for reply in replies {
+            match reply {
+                Ok(Some(info)) => answers.push(info),
+                Ok(None) => free += 1,
+                Err(e) => failed = Some(e),
             }
         }
-        set.detach_all();
         let found = agreed(answers, need);
         match (found, failed) {
             (None, Some(e)) if free <= self.members.len() - need => Err(e),
@@ -78,40 +96,31 @@ impl Inspect for QuorumBackend {
 
     /// Every hold a majority of members report, sorted by key. Members are
     /// asked side by side; a member that fails, or is still silent a
-    /// moment after a majority answered, is left out.
+    /// moment after a majority answered, is left out (it needs a majority
+    /// of answers).
     async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
-        let mut set = JoinSet::new();
-        for m in &self.members {
-            let (m, prefix) = (m.clone(), prefix.to_owned());
-            set.spawn(async move {
+        let prefix = prefix.to_owned();
+        let replies = gather(self, |m| {
+            let prefix = prefix.clone();
+            async move {
                 match m.inspector() {
                     Some(i) => i.list(&prefix).await,
                     None => Ok(Vec::new()),
                 }
-            });
-        }
+            }
+        })
+        .await;
         let need = self.majority();
         let (mut all, mut answered, mut failed) = (Vec::new(), 0, None);
-        loop {
-            let next = if answered >= need {
-                match tokio::time::timeout(LATE_ANSWER, set.join_next()).await {
-                    Ok(next) => next,
-                    Err(_) => break,
-                }
-            } else {
-                set.join_next().await
-            };
-            let Some(joined) = next else { break };
-            match joined {
-                Ok(Ok(holds)) => {
+        for reply in replies {
+            match reply {
+                Ok(holds) => {
                     answered += 1;
                     all.extend(holds);
                 }
-                Ok(Err(e)) => failed = Some(e),
-                Err(e) => failed = Some(Error::store("quorum", e.to_string(), true)),
+                Err(e) => failed = Some(e),
             }
         }
-        set.detach_all();
         if answered < need {
             return Err(
                 failed.unwrap_or_else(|| Error::store("quorum", "no majority answered", true))

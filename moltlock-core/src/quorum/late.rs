@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::clock::StepListener;
+use crate::clock::{lock, StepListener};
 use crate::{
     Backend, CasOutcome, Describe, Error, Fence, HolderInfo, Inspect, Limits, LockKey, RaiseFence,
     RenewItem, RenewMany, StoreClock, Token,
@@ -116,14 +116,7 @@ impl LateMember {
     /// Keeps `backend` and passes its clock's steps on.
     fn connected(&self, backend: Arc<dyn Backend>) -> &Arc<dyn Backend> {
         if let Some(member_clock) = backend.store_clock() {
-            let ours = Arc::downgrade(&self.clock);
-            let relay: Arc<StepListener> = Arc::new(move |step| {
-                if let Some(c) = ours.upgrade() {
-                    c.relay(step);
-                }
-            });
-            member_clock.subscribe(&relay);
-            let _ = self.relay.set(relay);
+            let _ = self.relay.set(StoreClock::relay(&self.clock, member_clock));
         }
         tracing::info!(member = self.name, "quorum member reached");
         self.member.get_or_init(|| backend)
@@ -134,13 +127,6 @@ impl LateMember {
             backend: self.name,
             what,
         }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
     }
 }
 
