@@ -51,11 +51,15 @@ fn spawn_deletes(
     let bound = late_write.unwrap_or_default();
     let limit = inner.cfg.release_timeout + bound;
     let ticket = crate::pending::Ticket::new();
+    let manager = Arc::downgrade(inner);
     handle.spawn(async move {
         let _ticket = ticket;
-        let work = delete_until_gone(backend.as_ref(), keys, &token, any, bound);
+        let work = delete_until_gone(backend.as_ref(), keys.clone(), &token, any, bound);
         if tokio::time::timeout(limit, work).await.is_err() {
             tracing::debug!("best-effort release timed out");
+        }
+        if let Some(inner) = manager.upgrade() {
+            keys.iter().for_each(|key| inner.queues.freed(key));
         }
     });
 }
@@ -187,6 +191,7 @@ pub(crate) fn spawn_linger(inner: &Arc<Inner>, key: LockKey, token: Token, left:
         if !matches!(done, Ok(Ok(()))) {
             tracing::debug!(%key, "the at-least hand-over did not complete; the hold ends at its TTL");
         }
+        inner.queues.freed(&key);
     });
 }
 

@@ -171,6 +171,12 @@ impl LockGuard {
         self.released = true;
         self.inner.release(&self.hold);
         crate::ask::forget(&self.inner.backend, &self.hold);
+        let done = self.delete().await;
+        self.inner.queues.freed(&self.hold.key);
+        done
+    }
+
+    async fn delete(&self) -> Result<(), Error> {
         if let Some(left) = self.hold.at_least_left() {
             return crate::cleanup::linger(&self.inner, &self.hold.key, &self.hold.token, left)
                 .await;

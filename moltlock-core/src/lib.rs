@@ -50,6 +50,7 @@ mod multi;
 mod options;
 mod owner;
 mod pending;
+mod queue;
 mod quorum;
 mod records;
 mod redact;

@@ -304,10 +304,14 @@ impl LockManager {
         let terms = Terms { ttl, job: opts.job };
         // One key is a set of one: the same attempt, wait and cleanup as
         // the primitives' (a set of one key goes to the store as one `cas`).
+        // Waiters queue in the manager, so only one of them asks the store.
         let keys = std::slice::from_ref(key);
-        let got = self
-            .acquire_set(keys, MultiMode::All, terms, opts.no_wait, None)
-            .await?;
+        let got = if opts.no_wait {
+            self.acquire_set(keys, MultiMode::All, terms, true, None)
+                .await?
+        } else {
+            self.acquire_queued(key, terms).await?
+        };
         let guard = got.and_then(|mut g| g.pop());
         if let Some(g) = &guard {
             tracing::debug!(%key, fence = %g.fence(), waited = ?started.elapsed(), "lock acquired");

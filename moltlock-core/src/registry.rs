@@ -63,6 +63,8 @@ pub(crate) struct Inner {
     pub(crate) registry: Mutex<Registry>,
     pub(crate) wake: Arc<Notify>,
     pub(crate) next_id: AtomicU64,
+    /// The waiters of each key, in the order they asked.
+    pub(crate) queues: crate::queue::Queues,
     /// Forward steps of the store's clock: when each was seen, and its size.
     steps: Mutex<Vec<(Instant, Duration)>>,
     /// Kept alive here; the store clock holds it weakly.
@@ -97,6 +99,7 @@ impl Inner {
                 registry: Mutex::new(Registry::default()),
                 wake: Arc::new(Notify::new()),
                 next_id: AtomicU64::new(1),
+                queues: crate::queue::Queues::default(),
                 steps: Mutex::default(),
                 _on_step: on_step,
                 runtime: tokio::runtime::Handle::try_current()
@@ -159,6 +162,7 @@ impl Inner {
             return false;
         }
         self.registry().holds.remove(&hold.id);
+        self.queues.freed(&hold.key);
         tracing::warn!(key = %hold.key, fence = %hold.fence, %reason, "lock lost");
         metrics::lost(self.backend.name());
         if let Some(cb) = &self.cfg.on_lost {

@@ -185,7 +185,9 @@ impl RwLock {
                             .open_watches(std::slice::from_ref(&self.writer))
                             .await;
                     }
-                    self.mgr.pause_set(&mut gate, &[(0, held)], attempt).await;
+                    self.mgr
+                        .pause_set(&mut gate, &[(0, held)], attempt, None)
+                        .await;
                     attempt = attempt.saturating_add(1);
                     continue;
                 }
@@ -224,7 +226,7 @@ impl RwLock {
                 watches = self.mgr.open_watches(self.readers.keys()).await;
             }
             let busy = self.by_slot(&keys, busy);
-            self.mgr.pause_set(&mut watches, &busy, attempt).await;
+            self.mgr.pause_set(&mut watches, &busy, attempt, None).await;
             attempt = attempt.saturating_add(1);
         }
     }

@@ -16,7 +16,8 @@ use crate::guard::LockGuard;
 use crate::job::Terms;
 use crate::manager::LockManager;
 use crate::options::LockOptions;
-use crate::{BackendExt, Error, Held, LockKey, MultiMode, MultiOutcome, ReleaseWatch, Token};
+use crate::queue::{Freed, Place, Watches};
+use crate::{BackendExt, Error, Held, LockKey, MultiMode, MultiOutcome, Token};
 
 /// Waiters on more keys than this poll instead of watching each key.
 const WATCH_LIMIT: usize = 16;
@@ -38,7 +39,13 @@ pub(crate) enum Attempt {
     Own(Vec<(usize, Held)>),
 }
 
-type Watches = Vec<Option<Box<dyn ReleaseWatch>>>;
+/// How an acquisition waits: once or until it holds, the semaphore limit
+/// check, and its place in the manager's queue for the key.
+struct Wait<'a> {
+    no_wait: bool,
+    check: Option<&'a crate::slots::SlotSet>,
+    place: Option<&'a Place<'a>>,
+}
 
 /// A boxed future borrowing from the caller.
 pub(crate) type Pinned<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -222,9 +229,64 @@ impl LockManager {
         } else {
             self.open_watches(keys).await
         };
+        let wait = Wait {
+            no_wait,
+            check,
+            place: None,
+        };
+        self.wait_for_set(keys, mode, terms, wait, &mut watches)
+            .await
+    }
+
+    /// Waits for one key in this manager's queue of its waiters: only the
+    /// head of the queue asks the store, and a head behind a hold of this
+    /// very manager waits for its end here, asking nothing.
+    ///
+    /// # Cancel safety
+    /// As [`acquire_set`](Self::acquire_set); a dropped waiter leaves the
+    /// queue, and a dropped head hands its turn (and the key's release
+    /// watch) to the next.
+    pub(crate) async fn acquire_queued(
+        &self,
+        key: &LockKey,
+        terms: Terms,
+    ) -> Result<Option<Vec<LockGuard>>, Error> {
+        let place = self.inner().queues.join(key);
+        let mut watches = place.turn().await;
+        let keys = std::slice::from_ref(key);
+        if watches.is_empty() {
+            *watches = self.open_watches(keys).await;
+        }
+        let wait = Wait {
+            no_wait: false,
+            check: None,
+            place: Some(&place),
+        };
+        let got = self
+            .wait_for_set(keys, MultiMode::All, terms, wait, &mut watches)
+            .await?;
+        if let Some(guard) = got.as_ref().and_then(|g| g.first()) {
+            place.took(guard.hold().id);
+        }
+        Ok(got)
+    }
+
+    async fn wait_for_set(
+        &self,
+        keys: &[LockKey],
+        mode: MultiMode,
+        terms: Terms,
+        wait: Wait<'_>,
+        watches: &mut Watches,
+    ) -> Result<Option<Vec<LockGuard>>, Error> {
+        let no_wait = wait.no_wait;
         let mut checked = false;
         let mut attempt = 0u32;
         loop {
+            if let Some(place) = wait.place {
+                self.behind_own_hold(place).await;
+            }
+            let freed = wait.place.map(|p| p.freed());
             match self.attempt_set(keys, mode, terms).await {
                 Ok(Attempt::Got(guards)) => return Ok(Some(guards)),
                 Ok(Attempt::Busy(busy)) if busy.is_empty() => {
@@ -236,14 +298,14 @@ impl LockManager {
                 }
                 Ok(Attempt::Own(_)) if attempt < SELF_HELD_RETRIES => {}
                 Ok(Attempt::Busy(busy) | Attempt::Own(busy)) => {
-                    if let (Some(set), false) = (check, checked) {
+                    if let (Some(set), false) = (wait.check, checked) {
                         set.check_limit(self).await?;
                         checked = true;
                     }
                     if no_wait {
                         return Ok(None);
                     }
-                    self.pause_set(&mut watches, &busy, attempt).await;
+                    self.pause_set(watches, &busy, attempt, freed).await;
                 }
                 Err(e) if e.is_retryable() && !no_wait => {
                     tracing::debug!(error = %e, "acquire attempt failed; retrying");
@@ -252,6 +314,26 @@ impl LockManager {
                 Err(e) => return Err(e),
             }
             attempt = attempt.saturating_add(1);
+        }
+    }
+
+    /// While the hold the last head of the queue took lives, the key is
+    /// ours: wait for its end (told at once by the release, or seen at the
+    /// next look), without asking the store.
+    async fn behind_own_hold(&self, place: &Place<'_>) {
+        let mut looks = 0u32;
+        while let Some(id) = place.holder() {
+            let freed = place.freed();
+            if !self.inner().registry().holds.contains_key(&id) {
+                place.clear();
+                return;
+            }
+            let delay = self.inner().cfg.retry.delay(looks);
+            tokio::select! {
+                _ = freed => {}
+                _ = tokio::time::sleep(delay) => {}
+            }
+            looks = looks.saturating_add(1);
         }
     }
 
@@ -275,6 +357,7 @@ impl LockManager {
         watches: &mut Watches,
         busy: &[(usize, Held)],
         attempt: u32,
+        freed: Option<Freed<'_>>,
     ) {
         let mut delay = self.inner().cfg.retry.delay(attempt);
         for (_, held) in busy {
@@ -289,6 +372,12 @@ impl LockManager {
                 continue;
             };
             waits.push(Box::pin(async move { (i, w.released(held).await) }));
+        }
+        if let Some(freed) = freed {
+            waits.push(Box::pin(async move {
+                freed.await;
+                (usize::MAX, Ok(()))
+            }));
         }
         let span = tracing::debug_span!("moltlock.wait", keys = busy.len(), attempt, ?delay);
         let failed = tokio::select! {

@@ -1,0 +1,217 @@
+//! The waiters of one key inside one manager queue in the manager: they
+//! take turns in the order they asked, and only the head asks the store.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests unwrap
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use moltlock_core::{
+    async_trait, Backend, CasMulti, CasOutcome, Error, Forward, LockKey, LockManager,
+    MemoryBackend, Token,
+};
+use tokio::time::sleep;
+
+const TTL: Duration = Duration::from_secs(3);
+
+/// Counts the acquiring `cas` calls (not renewals) and keeps every other
+/// capability of the memory store but batches, so each attempt is a `cas`.
+#[derive(Clone, Default)]
+struct Counting {
+    store: MemoryBackend,
+    acquires: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl Forward for Counting {
+    type Inner = MemoryBackend;
+
+    fn inner(&self) -> &MemoryBackend {
+        &self.store
+    }
+
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        if expected.is_none() {
+            self.acquires.fetch_add(1, Ordering::SeqCst);
+        }
+        self.store.cas(key, expected, new, ttl).await
+    }
+
+    fn batch_cas(&self) -> Option<&dyn CasMulti> {
+        None
+    }
+}
+
+fn manager(backend: impl Backend) -> LockManager {
+    LockManager::builder(backend).ttl(TTL).build().unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_of_one_manager_take_turns_in_the_order_they_asked() {
+    let mgr = manager(MemoryBackend::new());
+    let first = mgr.lock("k").await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let (mgr, order) = (mgr.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = mgr.lock("k").await.unwrap();
+            order.lock().unwrap().push(i);
+            sleep(Duration::from_millis(1)).await;
+            guard.release().await.unwrap();
+        }));
+        // Each asks well after the one before.
+        sleep(Duration::from_millis(20)).await;
+    }
+    first.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..6).collect::<Vec<_>>());
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_the_head_of_the_queue_asks_the_store() {
+    let backend = Counting::default();
+    let acquires = backend.acquires.clone();
+    let mgr = manager(backend);
+    let taken = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (mgr, taken) = (mgr.clone(), taken.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..25 {
+                let guard = mgr.lock("k").await.unwrap();
+                taken.fetch_add(1, Ordering::SeqCst);
+                sleep(Duration::from_millis(1)).await;
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (taken, asked) = (
+        taken.load(Ordering::SeqCst),
+        acquires.load(Ordering::SeqCst),
+    );
+    assert_eq!(taken, 200);
+    // One attempt per acquisition, and a few for the first round.
+    assert!(
+        asked <= taken + taken / 10 + 8,
+        "{asked} acquiring requests for {taken} acquisitions"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_releaser_asking_again_goes_behind_the_waiters() {
+    let mgr = manager(MemoryBackend::new());
+    let counts = Arc::new(Mutex::new([0usize; 4]));
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let (mgr, counts) = (mgr.clone(), counts.clone());
+        tasks.push(tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + Duration::from_millis(400);
+            while tokio::time::Instant::now() < until {
+                let guard = mgr.lock("k").await.unwrap();
+                counts.lock().unwrap()[i] += 1;
+                sleep(Duration::from_millis(2)).await;
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let counts = *counts.lock().unwrap();
+    let (least, most) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+    assert!(
+        *least > 0 && most - least <= 2,
+        "turns were not shared: {counts:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_dropped_in_the_queue_leaves_its_place() {
+    let mgr = manager(MemoryBackend::new());
+    let first = mgr.lock("k").await.unwrap();
+    let second = {
+        let mgr = mgr.clone();
+        tokio::spawn(async move { mgr.lock("k").await.map(|g| g.fence()) })
+    };
+    sleep(Duration::from_millis(10)).await;
+    // Times out while queued behind the head.
+    let dropped = mgr.lock_timeout("k", Duration::from_millis(50)).await;
+    assert!(matches!(dropped, Err(Error::Timeout { .. })), "{dropped:?}");
+    let third = {
+        let mgr = mgr.clone();
+        tokio::spawn(async move { mgr.lock("k").await })
+    };
+    sleep(Duration::from_millis(10)).await;
+    first.release().await.unwrap();
+    let fence = second.await.unwrap().unwrap();
+    let last = tokio::time::timeout(Duration::from_secs(1), third)
+        .await
+        .expect("the waiter behind a dropped one never got the key")
+        .unwrap()
+        .unwrap();
+    assert!(last.fence() > fence);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_head_dropped_at_the_store_hands_its_turn_on() {
+    let store = MemoryBackend::new();
+    let other = manager(store.clone());
+    let mgr = manager(store);
+    let held = other.lock("k").await.unwrap();
+    // The head waits at the store (the key is another manager's).
+    let head = mgr.lock_timeout("k", Duration::from_millis(100));
+    let next = {
+        let mgr = mgr.clone();
+        tokio::spawn(async move { mgr.lock("k").await })
+    };
+    assert!(matches!(head.await, Err(Error::Timeout { .. })));
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_millis(500), next)
+        .await
+        .expect("the next waiter did not take over the turn")
+        .unwrap()
+        .unwrap();
+    assert!(guard.is_held());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_hold_of_the_manager_hands_the_key_to_the_head() {
+    let store = MemoryBackend::new();
+    let mgr = manager(store.clone());
+    let admin = manager(store);
+    let first = mgr.lock("k").await.unwrap();
+    let spawn_waiter = || {
+        let mgr = mgr.clone();
+        tokio::spawn(async move { mgr.lock("k").await })
+    };
+    let (second, third) = (spawn_waiter(), spawn_waiter());
+    sleep(Duration::from_millis(10)).await;
+    first.release().await.unwrap();
+    let second = second.await.unwrap().unwrap();
+    // The third now waits behind its own manager's hold; it is taken away
+    // in the store, and the holder finds out at its next renewal.
+    admin.revoke("k").await.unwrap().expect("nothing revoked");
+    let third = tokio::time::timeout(TTL, third)
+        .await
+        .expect("the waiter stayed behind a lost hold")
+        .unwrap()
+        .unwrap();
+    assert!(third.fence() > second.fence());
+    assert!(
+        !second.is_held(),
+        "two guards of one manager held the key at once"
+    );
+}
