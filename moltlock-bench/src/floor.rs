@@ -110,7 +110,7 @@ impl Floor {
             Store::Postgres => {
                 let pool = PgPoolOptions::new().max_connections(POOL);
                 let pool = pool.connect(&t.url).await.map_err(err)?;
-                sqlx::query(sql::PG_TABLE)
+                sqlx::query(&sql::PG_TABLE)
                     .execute(&pool)
                     .await
                     .map_err(err)?;
@@ -124,7 +124,7 @@ impl Floor {
                     .busy_timeout(Duration::from_secs(10));
                 let pool = SqlitePoolOptions::new().max_connections(POOL);
                 let pool = pool.connect_with(opts).await.map_err(err)?;
-                sqlx::query(sql::SQLITE_TABLE)
+                sqlx::query(&sql::SQLITE_TABLE)
                     .execute(&pool)
                     .await
                     .map_err(err)?;
@@ -133,7 +133,7 @@ impl Floor {
             Store::Mysql => {
                 let pool = MySqlPoolOptions::new().max_connections(POOL);
                 let pool = pool.connect(&t.url).await.map_err(err)?;
-                sqlx::query(sql::MYSQL_TABLE)
+                sqlx::query(&sql::MYSQL_TABLE)
                     .execute(&pool)
                     .await
                     .map_err(err)?;
@@ -217,9 +217,9 @@ impl Floor {
                 c.delete(prefix.as_str(), Some(opts)).await.map_err(err)?;
                 Ok(())
             }
-            Self::Postgres { pool } => drop_table(pool.execute(sql::DROP)).await,
-            Self::Sqlite { pool } => drop_table(pool.execute(sql::DROP)).await,
-            Self::Mysql { pool } => drop_table(pool.execute(sql::DROP)).await,
+            Self::Postgres { pool } => drop_table(pool.execute(sql::DROP.as_str())).await,
+            Self::Sqlite { pool } => drop_table(pool.execute(sql::DROP.as_str())).await,
+            Self::Mysql { pool } => drop_table(pool.execute(sql::DROP.as_str())).await,
         }
     }
 }

@@ -2,46 +2,83 @@
 //! against a table of the harness's own. A free or expired row is taken by
 //! one conditional insert; the release is one owner-checked delete.
 
+use std::sync::LazyLock;
+
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 use super::{err, TTL};
 
 /// Drops the floor's table.
-pub(super) const DROP: &str = "DROP TABLE IF EXISTS moltlock_bench_floor";
+pub(super) static DROP: LazyLock<String> =
+    LazyLock::new(|| named("DROP TABLE IF EXISTS moltlock_bench_floor"));
 
 /// Postgres: expiry by the server's clock.
-pub(super) const PG_TABLE: &str = "CREATE TABLE IF NOT EXISTS moltlock_bench_floor \
-     (k TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)";
+pub(super) static PG_TABLE: LazyLock<String> = LazyLock::new(|| {
+    named(
+        "CREATE TABLE IF NOT EXISTS moltlock_bench_floor \
+     (k TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)",
+    )
+});
 
 /// SQLite: expiry in milliseconds of the process clock (SQLite's clock is
 /// its client's).
-pub(super) const SQLITE_TABLE: &str = "CREATE TABLE IF NOT EXISTS moltlock_bench_floor \
-     (k TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at INTEGER NOT NULL)";
+pub(super) static SQLITE_TABLE: LazyLock<String> = LazyLock::new(|| {
+    named(
+        "CREATE TABLE IF NOT EXISTS moltlock_bench_floor \
+     (k TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at INTEGER NOT NULL)",
+    )
+});
 
 /// MySQL/MariaDB: expiry in milliseconds of the server's clock.
-pub(super) const MYSQL_TABLE: &str = "CREATE TABLE IF NOT EXISTS moltlock_bench_floor \
-     (k VARCHAR(191) PRIMARY KEY, token VARCHAR(64) NOT NULL, expires_at BIGINT NOT NULL)";
+pub(super) static MYSQL_TABLE: LazyLock<String> = LazyLock::new(|| {
+    named(
+        "CREATE TABLE IF NOT EXISTS moltlock_bench_floor \
+     (k VARCHAR(191) PRIMARY KEY, token VARCHAR(64) NOT NULL, expires_at BIGINT NOT NULL)",
+    )
+});
 
-const PG_TAKE: &str = "INSERT INTO moltlock_bench_floor (k, token, expires_at) \
+static PG_TAKE: LazyLock<String> = LazyLock::new(|| {
+    named(
+        "INSERT INTO moltlock_bench_floor (k, token, expires_at) \
      VALUES ($1, $2, now() + $3 * interval '1 millisecond') \
      ON CONFLICT (k) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at \
-     WHERE moltlock_bench_floor.expires_at < now()";
-const PG_RELEASE: &str = "DELETE FROM moltlock_bench_floor WHERE k = $1 AND token = $2";
+     WHERE moltlock_bench_floor.expires_at < now()",
+    )
+});
+static PG_RELEASE: LazyLock<String> =
+    LazyLock::new(|| named("DELETE FROM moltlock_bench_floor WHERE k = $1 AND token = $2"));
 
-const SQLITE_TAKE: &str = "INSERT INTO moltlock_bench_floor (k, token, expires_at) \
+static SQLITE_TAKE: LazyLock<String> = LazyLock::new(|| {
+    named(
+        "INSERT INTO moltlock_bench_floor (k, token, expires_at) \
      VALUES (?1, ?2, ?3 + ?4) \
      ON CONFLICT (k) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at \
-     WHERE moltlock_bench_floor.expires_at < ?3";
-const SQLITE_RELEASE: &str = "DELETE FROM moltlock_bench_floor WHERE k = ?1 AND token = ?2";
+     WHERE moltlock_bench_floor.expires_at < ?3",
+    )
+});
+static SQLITE_RELEASE: LazyLock<String> =
+    LazyLock::new(|| named("DELETE FROM moltlock_bench_floor WHERE k = ?1 AND token = ?2"));
 
 /// The assignments run in order: the token is compared with the old expiry
 /// before the expiry is replaced.
-const MYSQL_TAKE: &str = "INSERT INTO moltlock_bench_floor (k, token, expires_at) \
+static MYSQL_TAKE: LazyLock<String> = LazyLock::new(|| {
+    named(
+        "INSERT INTO moltlock_bench_floor (k, token, expires_at) \
      VALUES (?, ?, ROUND(UNIX_TIMESTAMP(NOW(3)) * 1000) + ?) \
      ON DUPLICATE KEY UPDATE \
      token = IF(expires_at < ROUND(UNIX_TIMESTAMP(NOW(3)) * 1000), VALUES(token), token), \
-     expires_at = IF(token = VALUES(token), VALUES(expires_at), expires_at)";
-const MYSQL_RELEASE: &str = "DELETE FROM moltlock_bench_floor WHERE k = ? AND token = ?";
+     expires_at = IF(token = VALUES(token), VALUES(expires_at), expires_at)",
+    )
+});
+static MYSQL_RELEASE: LazyLock<String> =
+    LazyLock::new(|| named("DELETE FROM moltlock_bench_floor WHERE k = ? AND token = ?"));
+
+/// The statements name a table of this process's own, so runs side by side
+/// (the smoke tests) never create, use or drop one another's table.
+fn named(statement: &str) -> String {
+    let table = format!("moltlock_bench_floor_{}", std::process::id());
+    statement.replace("moltlock_bench_floor", &table)
+}
 
 fn ttl_ms() -> i64 {
     i64::try_from(TTL.as_millis()).unwrap_or(i64::MAX)
@@ -49,14 +86,14 @@ fn ttl_ms() -> i64 {
 
 /// Takes the free `key` and releases it; whether both happened.
 pub(super) async fn pg_cycle(pool: &PgPool, key: &str, token: &str) -> Result<bool, String> {
-    let take = sqlx::query(PG_TAKE)
+    let take = sqlx::query(&PG_TAKE)
         .bind(key)
         .bind(token)
         .bind(ttl_ms())
         .execute(pool)
         .await
         .map_err(err)?;
-    let release = sqlx::query(PG_RELEASE)
+    let release = sqlx::query(&PG_RELEASE)
         .bind(key)
         .bind(token)
         .execute(pool)
@@ -75,7 +112,7 @@ pub(super) async fn sqlite_cycle(
         .duration_since(std::time::UNIX_EPOCH)
         .map_err(err)?;
     let now_ms = i64::try_from(now.as_millis()).unwrap_or(i64::MAX);
-    let take = sqlx::query(SQLITE_TAKE)
+    let take = sqlx::query(&SQLITE_TAKE)
         .bind(key)
         .bind(token)
         .bind(now_ms)
@@ -83,7 +120,7 @@ pub(super) async fn sqlite_cycle(
         .execute(pool)
         .await
         .map_err(err)?;
-    let release = sqlx::query(SQLITE_RELEASE)
+    let release = sqlx::query(&SQLITE_RELEASE)
         .bind(key)
         .bind(token)
         .execute(pool)
@@ -94,14 +131,14 @@ pub(super) async fn sqlite_cycle(
 
 /// As [`pg_cycle`], on MySQL/MariaDB (an insert reports 1 row, a takeover 2).
 pub(super) async fn mysql_cycle(pool: &MySqlPool, key: &str, token: &str) -> Result<bool, String> {
-    let take = sqlx::query(MYSQL_TAKE)
+    let take = sqlx::query(&MYSQL_TAKE)
         .bind(key)
         .bind(token)
         .bind(ttl_ms())
         .execute(pool)
         .await
         .map_err(err)?;
-    let release = sqlx::query(MYSQL_RELEASE)
+    let release = sqlx::query(&MYSQL_RELEASE)
         .bind(key)
         .bind(token)
         .execute(pool)
