@@ -45,6 +45,7 @@ fn spawn_deletes(
 ) {
     let Some(handle) = runtime_of(inner) else {
         tracing::debug!(?keys, "no runtime; the hold lives until its TTL");
+        keys.iter().for_each(|key| inner.queues.freed(key));
         return;
     };
     let backend = inner.backend.clone();
@@ -180,6 +181,7 @@ pub(crate) async fn linger(
 pub(crate) fn spawn_linger(inner: &Arc<Inner>, key: LockKey, token: Token, left: Duration) {
     let Some(handle) = runtime_of(inner) else {
         tracing::debug!(%key, "no runtime; the hold lives until its TTL");
+        inner.queues.freed(&key);
         return;
     };
     let inner = inner.clone();

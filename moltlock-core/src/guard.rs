@@ -171,9 +171,8 @@ impl LockGuard {
         self.released = true;
         self.inner.release(&self.hold);
         crate::ask::forget(&self.inner.backend, &self.hold);
-        let done = self.delete().await;
-        self.inner.queues.freed(&self.hold.key);
-        done
+        let _told = self.inner.queues.told_at_end(&self.hold.key);
+        self.delete().await
     }
 
     async fn delete(&self) -> Result<(), Error> {

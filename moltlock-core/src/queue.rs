@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{Notify, OwnedMutexGuard};
@@ -20,10 +19,12 @@ pub(crate) type Watches = Vec<Option<Box<dyn ReleaseWatch>>>;
 /// A future that resolves when a hold of the key by this manager ended.
 pub(crate) type Freed<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
-/// Every key some task of this manager waits for.
+/// Every key some task of this manager waits for: its queue, and how many
+/// wait in it (counted under the map's lock, so the last to leave removes
+/// it, and a newcomer never makes a second queue of a key).
 #[derive(Default)]
 pub(crate) struct Queues {
-    keys: Mutex<HashMap<LockKey, Arc<KeyQueue>>>,
+    keys: Mutex<HashMap<LockKey, (Arc<KeyQueue>, usize)>>,
 }
 
 /// The waiters of one key.
@@ -34,8 +35,6 @@ struct KeyQueue {
     /// Told when a hold of the key by this manager ended: its delete was
     /// answered, or it was lost.
     freed: Notify,
-    /// The id of the hold the last head took (0: none).
-    holder: AtomicU64,
 }
 
 /// A waiter's place in its key's queue. Dropping it leaves the queue; the
@@ -47,7 +46,7 @@ pub(crate) struct Place<'a> {
 }
 
 impl Queues {
-    fn map(&self) -> MutexGuard<'_, HashMap<LockKey, Arc<KeyQueue>>> {
+    fn map(&self) -> MutexGuard<'_, HashMap<LockKey, (Arc<KeyQueue>, usize)>> {
         match self.keys.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
@@ -56,30 +55,34 @@ impl Queues {
 
     /// Takes a place at the end of `key`'s queue.
     pub(crate) fn join(&self, key: &LockKey) -> Place<'_> {
-        let queue = self
-            .map()
-            .entry(key.clone())
-            .or_insert_with(|| {
-                Arc::new(KeyQueue {
-                    turn: Arc::new(tokio::sync::Mutex::new(Vec::new())),
-                    freed: Notify::new(),
-                    holder: AtomicU64::new(0),
-                })
-            })
-            .clone();
+        let mut map = self.map();
+        let (queue, waiters) = map.entry(key.clone()).or_insert_with(|| {
+            let queue = KeyQueue {
+                turn: Arc::new(tokio::sync::Mutex::new(Vec::new())),
+                freed: Notify::new(),
+            };
+            (Arc::new(queue), 0)
+        });
+        *waiters += 1;
         Place {
             queues: self,
             key: key.clone(),
-            queue,
+            queue: queue.clone(),
         }
     }
 
     /// A hold of `key` by this manager ended: the head, if one waits, tries
     /// at once.
     pub(crate) fn freed(&self, key: &LockKey) {
-        if let Some(queue) = self.map().get(key) {
+        if let Some((queue, _)) = self.map().get(key) {
             queue.freed.notify_waiters();
         }
+    }
+
+    /// Tells `key`'s head when dropped: at the end of a release, also one
+    /// whose future was dropped before the store answered.
+    pub(crate) fn told_at_end<'a>(&'a self, key: &'a LockKey) -> ToldAtEnd<'a> {
+        ToldAtEnd { queues: self, key }
     }
 
     /// How many keys have waiters now.
@@ -90,29 +93,15 @@ impl Queues {
 }
 
 impl Place<'_> {
+    /// The key waited for.
+    pub(crate) fn key(&self) -> &LockKey {
+        &self.key
+    }
+
     /// Waits until every waiter ahead has left: the head's turn, with the
     /// key's release watch (empty until the first head opens it).
     pub(crate) async fn turn(&self) -> OwnedMutexGuard<Watches> {
         self.queue.turn.clone().lock_owned().await
-    }
-
-    /// The head took hold `id`: the heads after it wait for its end here,
-    /// not at the store.
-    pub(crate) fn took(&self, id: u64) {
-        self.queue.holder.store(id, Ordering::Release);
-    }
-
-    /// The hold the last head took, if any.
-    pub(crate) fn holder(&self) -> Option<u64> {
-        match self.queue.holder.load(Ordering::Acquire) {
-            0 => None,
-            id => Some(id),
-        }
-    }
-
-    /// Forgets the last head's hold (it ended).
-    pub(crate) fn clear(&self) {
-        self.queue.holder.store(0, Ordering::Release);
     }
 
     /// Resolves at the next end of a hold of the key by this manager;
@@ -124,12 +113,26 @@ impl Place<'_> {
     }
 }
 
+/// Tells its key's head when dropped ([`Queues::told_at_end`]).
+pub(crate) struct ToldAtEnd<'a> {
+    queues: &'a Queues,
+    key: &'a LockKey,
+}
+
+impl Drop for ToldAtEnd<'_> {
+    fn drop(&mut self) {
+        self.queues.freed(self.key);
+    }
+}
+
 impl Drop for Place<'_> {
     fn drop(&mut self) {
         let mut map = self.queues.map();
-        // The map's reference and ours: nobody else is in the queue.
-        if Arc::strong_count(&self.queue) <= 2 {
-            map.remove(&self.key);
+        if let Some((_, waiters)) = map.get_mut(&self.key) {
+            *waiters = waiters.saturating_sub(1);
+            if *waiters == 0 {
+                map.remove(&self.key);
+            }
         }
     }
 }
@@ -153,18 +156,34 @@ mod tests {
             "the second waiter got the turn while the head had it"
         );
         drop(head);
-        first.took(7);
-        assert_eq!(
-            second.holder(),
-            Some(7),
-            "the next head does not see the hold taken"
-        );
         drop(first);
         assert_eq!(queues.len(), 1, "the queue went while a waiter was in it");
-        let _turn = second.turn().await;
-        drop(_turn);
+        let turn = tokio::time::timeout(Duration::from_millis(20), second.turn()).await;
+        assert!(turn.is_ok(), "the next waiter did not get the turn");
+        drop(turn);
         drop(second);
         assert_eq!(queues.len(), 0, "the queue outlived its waiters");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiters_leaving_at_once_leave_no_queue_behind() {
+        let queues = Arc::new(Queues::default());
+        let key = LockKey::new("k").unwrap();
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (queues, key) = (queues.clone(), key.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..2_000 {
+                    let place = queues.join(&key);
+                    tokio::task::yield_now().await;
+                    drop(place);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(queues.len(), 0, "a queue outlived its waiters");
     }
 
     #[tokio::test]

@@ -54,6 +54,33 @@ pub(crate) struct Registry {
     pub(crate) driver: Option<JoinHandle<()>>,
     /// When the driver means to look next; a new hold due later needs no wake.
     pub(crate) scheduled: Option<Instant>,
+    /// How many of the holds are of each key.
+    per_key: HashMap<LockKey, usize>,
+}
+
+impl Registry {
+    fn add(&mut self, hold: &Arc<Hold>) {
+        if self.holds.insert(hold.id, hold.clone()).is_none() {
+            *self.per_key.entry(hold.key.clone()).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, hold: &Hold) {
+        if self.holds.remove(&hold.id).is_none() {
+            return;
+        }
+        if let Some(n) = self.per_key.get_mut(&hold.key) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_key.remove(&hold.key);
+            }
+        }
+    }
+
+    /// Whether this manager holds `key` (a guard of it lives, not lost).
+    pub(crate) fn holds_key(&self, key: &LockKey) -> bool {
+        self.per_key.contains_key(key)
+    }
 }
 
 pub(crate) struct Inner {
@@ -149,7 +176,7 @@ impl Inner {
     /// Its owner gave the hold up: it leaves renewal, and nothing that ends
     /// it later (a renewal refused in flight) counts as a loss.
     pub(crate) fn release(&self, hold: &Hold) {
-        self.registry().holds.remove(&hold.id);
+        self.registry().remove(hold);
         if hold.mark_released() {
             metrics::released(self.backend.name(), hold.acquired_at.elapsed());
         }
@@ -161,7 +188,7 @@ impl Inner {
         if !hold.mark_lost(reason.clone()) {
             return false;
         }
-        self.registry().holds.remove(&hold.id);
+        self.registry().remove(hold);
         self.queues.freed(&hold.key);
         tracing::warn!(key = %hold.key, fence = %hold.fence, %reason, "lock lost");
         metrics::lost(self.backend.name());
@@ -184,7 +211,7 @@ impl Inner {
     ) -> Arc<Hold> {
         let hold = Arc::new(hold);
         let mut reg = self.registry();
-        reg.holds.insert(hold.id, hold.clone());
+        reg.add(&hold);
         let running = reg.driver.as_ref().is_some_and(|h| !h.is_finished());
         if !running {
             reg.scheduled = None;

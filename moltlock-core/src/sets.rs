@@ -22,6 +22,10 @@ use crate::{BackendExt, Error, Held, LockKey, MultiMode, MultiOutcome, Token};
 /// Waiters on more keys than this poll instead of watching each key.
 const WATCH_LIMIT: usize = 16;
 
+/// The shortest pause between two looks at the manager's own hold of a
+/// key (a retry policy of no delay must not spin).
+const MIN_LOOK: Duration = Duration::from_millis(1);
+
 /// How many times in a row an acquire retries at once after the store
 /// answered with the caller's own hold, before it backs off as usual.
 const SELF_HELD_RETRIES: u32 = 3;
@@ -254,7 +258,9 @@ impl LockManager {
         let place = self.inner().queues.join(key);
         let mut watches = place.turn().await;
         let keys = std::slice::from_ref(key);
-        if watches.is_empty() {
+        // Opened by the first head; a watch that failed is opened again by
+        // the next head, so one failure does not make the queue poll.
+        if watches.is_empty() || watches.iter().any(Option::is_none) {
             *watches = self.open_watches(keys).await;
         }
         let wait = Wait {
@@ -262,13 +268,8 @@ impl LockManager {
             check: None,
             place: Some(&place),
         };
-        let got = self
-            .wait_for_set(keys, MultiMode::All, terms, wait, &mut watches)
-            .await?;
-        if let Some(guard) = got.as_ref().and_then(|g| g.first()) {
-            place.took(guard.hold().id);
-        }
-        Ok(got)
+        self.wait_for_set(keys, MultiMode::All, terms, wait, &mut watches)
+            .await
     }
 
     async fn wait_for_set(
@@ -317,18 +318,17 @@ impl LockManager {
         }
     }
 
-    /// While the hold the last head of the queue took lives, the key is
-    /// ours: wait for its end (told at once by the release, or seen at the
-    /// next look), without asking the store.
+    /// While this manager holds the place's key (a guard of it lives), the key is
+    /// ours: wait for that hold's end (told by its release or loss, or seen
+    /// at the next look), without asking the store.
     async fn behind_own_hold(&self, place: &Place<'_>) {
         let mut looks = 0u32;
-        while let Some(id) = place.holder() {
+        loop {
             let freed = place.freed();
-            if !self.inner().registry().holds.contains_key(&id) {
-                place.clear();
+            if !self.inner().registry().holds_key(place.key()) {
                 return;
             }
-            let delay = self.inner().cfg.retry.delay(looks);
+            let delay = self.inner().cfg.retry.delay(looks).max(MIN_LOOK);
             tokio::select! {
                 _ = freed => {}
                 _ = tokio::time::sleep(delay) => {}

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use moltlock_core::{
     async_trait, Backend, CasMulti, CasOutcome, Error, Forward, LockKey, LockManager,
-    MemoryBackend, Token,
+    MemoryBackend, RetryPolicy, Token,
 };
 use tokio::time::sleep;
 
@@ -51,6 +51,36 @@ impl Forward for Counting {
 
 fn manager(backend: impl Backend) -> LockManager {
     LockManager::builder(backend).ttl(TTL).build().unwrap()
+}
+
+/// A manager whose waiters never wake by a timer of their own: only a
+/// notice (a release in the manager, the store's watch, an expiry seen)
+/// wakes them, so a lost notice shows as a wait of a minute.
+fn untimed(backend: impl Backend) -> LockManager {
+    LockManager::builder(backend)
+        .ttl(TTL)
+        .retry(RetryPolicy::Fixed(Duration::from_secs(60)))
+        .build()
+        .unwrap()
+}
+
+/// Deletes only after a pause, so a release can be dropped before the
+/// store answers.
+#[derive(Clone, Default)]
+struct SlowDelete(MemoryBackend);
+
+#[async_trait]
+impl Forward for SlowDelete {
+    type Inner = MemoryBackend;
+
+    fn inner(&self) -> &MemoryBackend {
+        &self.0
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        sleep(Duration::from_millis(50)).await;
+        self.0.delete(key, owner).await
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -169,7 +199,7 @@ async fn a_waiter_dropped_in_the_queue_leaves_its_place() {
 async fn a_head_dropped_at_the_store_hands_its_turn_on() {
     let store = MemoryBackend::new();
     let other = manager(store.clone());
-    let mgr = manager(store);
+    let mgr = untimed(store);
     let held = other.lock("k").await.unwrap();
     // The head waits at the store (the key is another manager's).
     let head = mgr.lock_timeout("k", Duration::from_millis(100));
@@ -178,6 +208,9 @@ async fn a_head_dropped_at_the_store_hands_its_turn_on() {
         tokio::spawn(async move { mgr.lock("k").await })
     };
     assert!(matches!(head.await, Err(Error::Timeout { .. })));
+    // The next head has made its attempt and waits on the watch it was
+    // handed: only the release can wake it in time.
+    sleep(Duration::from_millis(200)).await;
     held.release().await.unwrap();
     let guard = tokio::time::timeout(Duration::from_millis(500), next)
         .await
@@ -212,6 +245,76 @@ async fn a_lost_hold_of_the_manager_hands_the_key_to_the_head() {
     assert!(third.fence() > second.fence());
     assert!(
         !second.is_held(),
+        "two guards of one manager held the key at once"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_release_wakes_the_next_waiter_with_no_timer() {
+    let mgr = untimed(MemoryBackend::new());
+    let started = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let mgr = mgr.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let guard = mgr.lock("k").await.unwrap();
+                sleep(Duration::from_millis(1)).await;
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // 40 holds of 1 ms; a lost wake-up would wait for the minute's timer.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(1), "40 turns took {took:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_dropped_before_the_store_answers_still_wakes_the_head() {
+    let mgr = untimed(SlowDelete::default());
+    let first = mgr.lock("k").await.unwrap();
+    let waiter = {
+        let mgr = mgr.clone();
+        tokio::spawn(async move { mgr.lock("k").await })
+    };
+    sleep(Duration::from_millis(10)).await;
+    let asked = tokio::time::Instant::now();
+    // Dropped before the delete is sent: the key stays held until its TTL.
+    let cut = tokio::time::timeout(Duration::from_millis(10), first.release()).await;
+    assert!(cut.is_err(), "the release finished before it was dropped");
+    let guard = tokio::time::timeout(TTL + Duration::from_secs(1), waiter)
+        .await
+        .expect("the head slept through the end of its manager's hold")
+        .unwrap()
+        .unwrap();
+    assert!(guard.is_held());
+    assert!(asked.elapsed() < TTL + Duration::from_secs(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_arriving_alone_waits_behind_its_managers_hold() {
+    let store = MemoryBackend::new();
+    let mgr = manager(store.clone());
+    let admin = manager(store);
+    // Taken with nobody waiting: the key's queue is gone when the waiter comes.
+    let first = mgr.lock("k").await.unwrap();
+    let waiter = {
+        let mgr = mgr.clone();
+        tokio::spawn(async move { mgr.lock("k").await })
+    };
+    sleep(Duration::from_millis(10)).await;
+    admin.revoke("k").await.unwrap().expect("nothing revoked");
+    let next = tokio::time::timeout(TTL, waiter)
+        .await
+        .expect("the waiter stayed behind a lost hold")
+        .unwrap()
+        .unwrap();
+    assert!(next.fence() > first.fence());
+    assert!(
+        !first.is_held(),
         "two guards of one manager held the key at once"
     );
 }
