@@ -329,10 +329,14 @@ impl LockManager {
                 return;
             }
             let delay = self.inner().cfg.retry.delay(looks).max(MIN_LOOK);
-            tokio::select! {
-                _ = freed => {}
-                _ = tokio::time::sleep(delay) => {}
-            }
+            let span = tracing::debug_span!("moltlock.wait", keys = 1, behind = "own hold", ?delay);
+            let pause = async {
+                tokio::select! {
+                    _ = freed => {}
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            };
+            pause.instrument(span).await;
             looks = looks.saturating_add(1);
         }
     }
