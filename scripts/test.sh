@@ -29,6 +29,18 @@ bash scripts/msrv.sh
 # two crates writing one page).
 RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --workspace --all-features --no-deps
 
+# Every crate we publish ships the README and both license files (the
+# facade's documentation is its README, included from inside the package).
+for crate in moltlock moltlock-core moltlock-sql moltlock-redis moltlock-etcd moltlock-cli moltlock-conformance; do
+  files=$(cargo package --list --allow-dirty -p "$crate")
+  for file in README.md LICENSE-MIT LICENSE-APACHE; do
+    if ! grep -qx "$file" <<<"$files"; then
+      echo "the package of $crate lacks $file" >&2
+      exit 1
+    fi
+  done
+done
+
 # A default build (SQLite only) compiles no TLS stack: TLS comes with the
 # network stores' features.
 for crate in moltlock moltlock-cli; do
@@ -46,3 +58,7 @@ cargo test --workspace --all-features --no-fail-fast "$@"
 # The facade once more with its default features (SQLite only), so URLs of
 # backends that are not compiled in are checked to name their feature.
 cargo test -p moltlock --test connect "$@"
+# The guides' examples run as the guides say, and the README's examples
+# run pasted into fresh crates with the README's dependency lines.
+bash scripts/examples.sh
+bash scripts/readme-crate.sh

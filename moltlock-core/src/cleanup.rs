@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::registry::Inner;
-use crate::{Backend, CasOutcome, Error, LockKey, Token};
+use tracing::Instrument;
+
+use crate::{Backend, CasOutcome, Error, Fence, LockKey, Token};
 
 /// Pauses before each further delete of a cancelled acquisition: its request
 /// may still be in flight (on another connection, or in a blocking task) and
@@ -28,9 +30,32 @@ pub(crate) fn spawn_release(
     inner: &Arc<Inner>,
     key: LockKey,
     token: Token,
+    fence: Option<Fence>,
     late_write: Option<Duration>,
 ) {
-    spawn_deletes(inner, vec![key], token, false, late_write);
+    let span = background_span(inner, std::slice::from_ref(&key), fence);
+    spawn_deletes(inner, vec![key], token, false, late_write, span);
+}
+
+/// The `moltlock.release` span of a release done in the background (a
+/// dropped guard, a cancelled acquisition, a lost hold's cleanup): the key
+/// when there is one, the backend, and the fence when the hold had one.
+fn background_span(inner: &Inner, keys: &[LockKey], fence: Option<Fence>) -> tracing::Span {
+    let span = tracing::debug_span!(
+        "moltlock.release",
+        key = tracing::field::Empty,
+        keys = keys.len(),
+        backend = inner.backend.name(),
+        fence = tracing::field::Empty,
+        background = true,
+    );
+    if let [key] = keys {
+        span.record("key", tracing::field::display(key));
+    }
+    if let Some(fence) = fence {
+        span.record("fence", fence.0);
+    }
+    span
 }
 
 /// Spawns one task deleting every key of `keys` by `token` (see
@@ -42,6 +67,7 @@ fn spawn_deletes(
     token: Token,
     any: bool,
     late_write: Option<Duration>,
+    span: tracing::Span,
 ) {
     let Some(handle) = runtime_of(inner) else {
         tracing::debug!(?keys, "no runtime; the hold lives until its TTL");
@@ -56,7 +82,11 @@ fn spawn_deletes(
     handle.spawn(async move {
         let _ticket = ticket;
         let work = delete_until_gone(backend.as_ref(), keys.clone(), &token, any, bound);
-        if tokio::time::timeout(limit, work).await.is_err() {
+        if tokio::time::timeout(limit, work)
+            .instrument(span)
+            .await
+            .is_err()
+        {
             tracing::debug!("best-effort release timed out");
         }
         if let Some(inner) = manager.upgrade() {
@@ -143,7 +173,15 @@ impl Drop for PendingAcquire {
         }
         let keys = std::mem::take(&mut self.keys);
         let late_write = Some(self.inner.limits.late_write);
-        spawn_deletes(&self.inner, keys, self.token.clone(), self.any, late_write);
+        let span = background_span(&self.inner, &keys, None);
+        spawn_deletes(
+            &self.inner,
+            keys,
+            self.token.clone(),
+            self.any,
+            late_write,
+            span,
+        );
     }
 }
 

@@ -219,6 +219,7 @@ impl Drop for LockGuard {
             &self.inner,
             self.hold.key.clone(),
             self.hold.token.clone(),
+            Some(self.hold.fence),
             None,
         );
     }

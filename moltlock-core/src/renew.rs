@@ -78,9 +78,11 @@ async fn renew_batch(inner: Arc<Inner>, due: Vec<Arc<Hold>>) {
         backend = inner.backend.name(),
         holds = due.len(),
         key = tracing::field::Empty,
+        fence = tracing::field::Empty,
     );
     if let [one] = due.as_slice() {
         span.record("key", tracing::field::display(&one.key));
+        span.record("fence", one.fence.0);
     }
     renew(&inner, &due).instrument(span).await;
     for hold in &due {
@@ -173,7 +175,13 @@ async fn renew(inner: &Arc<Inner>, due: &[Arc<Hold>]) {
 /// so the next run need not wait for the TTL.
 pub(crate) fn end_at_most(inner: &Arc<Inner>, hold: &Hold) {
     if inner.finish(hold, LostReason::AtMost) {
-        crate::cleanup::spawn_release(inner, hold.key.clone(), hold.token.clone(), None);
+        crate::cleanup::spawn_release(
+            inner,
+            hold.key.clone(),
+            hold.token.clone(),
+            Some(hold.fence),
+            None,
+        );
     }
 }
 

@@ -186,7 +186,13 @@ impl RwLock {
                             .await;
                     }
                     self.mgr
-                        .pause_set(&mut gate, &[(0, held)], attempt, None)
+                        .pause_set(
+                            &mut gate,
+                            std::slice::from_ref(&self.writer),
+                            &[(0, held)],
+                            attempt,
+                            None,
+                        )
                         .await;
                     attempt = attempt.saturating_add(1);
                     continue;
@@ -226,7 +232,10 @@ impl RwLock {
                 watches = self.mgr.open_watches(self.readers.keys()).await;
             }
             let busy = self.by_slot(&keys, busy);
-            self.mgr.pause_set(&mut watches, &busy, attempt, None).await;
+            let slots = self.readers.keys();
+            self.mgr
+                .pause_set(&mut watches, slots, &busy, attempt, None)
+                .await;
             attempt = attempt.saturating_add(1);
         }
     }

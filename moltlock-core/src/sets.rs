@@ -306,7 +306,7 @@ impl LockManager {
                     if no_wait {
                         return Ok(None);
                     }
-                    self.pause_set(watches, &busy, attempt, freed).await;
+                    self.pause_set(watches, keys, &busy, attempt, freed).await;
                 }
                 Err(e) if e.is_retryable() && !no_wait => {
                     tracing::debug!(error = %e, "acquire attempt failed; retrying");
@@ -329,7 +329,14 @@ impl LockManager {
                 return;
             }
             let delay = self.inner().cfg.retry.delay(looks).max(MIN_LOOK);
-            let span = tracing::debug_span!("moltlock.wait", keys = 1, behind = "own hold", ?delay);
+            let span = tracing::debug_span!(
+                "moltlock.wait",
+                key = %place.key(),
+                keys = 1,
+                backend = self.inner().backend.name(),
+                behind = "own hold",
+                ?delay
+            );
             let pause = async {
                 tokio::select! {
                     _ = freed => {}
@@ -355,10 +362,11 @@ impl LockManager {
     }
 
     /// Sleeps until a busy key's release, the earliest expiry seen, or the
-    /// retry delay.
+    /// retry delay. `busy` indexes `keys` (and `watches`).
     pub(crate) async fn pause_set(
         &self,
         watches: &mut Watches,
+        keys: &[LockKey],
         busy: &[(usize, Held)],
         attempt: u32,
         freed: Option<Freed<'_>>,
@@ -383,7 +391,19 @@ impl LockManager {
                 (usize::MAX, Ok(()))
             }));
         }
-        let span = tracing::debug_span!("moltlock.wait", keys = busy.len(), attempt, ?delay);
+        let span = tracing::debug_span!(
+            "moltlock.wait",
+            key = tracing::field::Empty,
+            keys = busy.len(),
+            backend = self.inner().backend.name(),
+            attempt,
+            ?delay
+        );
+        if let [(i, _)] = busy {
+            if let Some(key) = keys.get(*i) {
+                span.record("key", tracing::field::display(key));
+            }
+        }
         let failed = tokio::select! {
             (i, r) = first_of(waits).instrument(span.clone()) => r.err().map(|e| (i, e)),
             _ = tokio::time::sleep(delay).instrument(span) => None,
@@ -414,12 +434,12 @@ impl LockManager {
     /// Releases a guard; when the delete fails, it is tried again in the
     /// background, so a turnstile key does not stay held for its TTL.
     pub(crate) async fn release_or_retry(&self, guard: LockGuard) {
-        let (key, token) = (guard.key().clone(), guard.token().clone());
+        let (key, token, fence) = (guard.key().clone(), guard.token().clone(), guard.fence());
         match guard.release().await {
             Ok(()) | Err(Error::NotHeld { .. }) => {}
             Err(e) => {
                 tracing::debug!(%key, error = %e, "release failed; retrying in the background");
-                crate::cleanup::spawn_release(self.inner(), key, token, None);
+                crate::cleanup::spawn_release(self.inner(), key, token, Some(fence), None);
             }
         }
     }

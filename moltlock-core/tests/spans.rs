@@ -101,14 +101,48 @@ async fn acquire_wait_renew_and_release_have_spans_with_key_backend_and_fence() 
 
     let waits = spans.named("moltlock.wait");
     assert!(!waits.is_empty(), "the waiter's pauses had no span");
+    for wait in &waits {
+        assert_eq!(
+            wait.get("key").map(String::as_str),
+            Some("jobs/k"),
+            "{wait:?}"
+        );
+        assert_eq!(wait.get("backend").map(String::as_str), Some("memory"));
+    }
 
     let renews = spans.named("moltlock.renew");
     let renew = renews.first().expect("no renew span");
     assert_eq!(renew.get("key").map(String::as_str), Some("jobs/k"));
     assert_eq!(renew.get("holds").map(String::as_str), Some("1"));
+    assert_eq!(renew.get("fence"), Some(&fence));
 
     let releases = spans.named("moltlock.release");
     assert_eq!(releases.len(), 1);
     assert_eq!(releases[0].get("fence"), Some(&fence));
     assert_eq!(releases[0].get("key").map(String::as_str), Some("jobs/k"));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_dropped_guard_is_released_in_a_span_of_its_own() {
+    let spans = Spans::default();
+    let _default = tracing::subscriber::set_default(spans.clone());
+    let mgr = LockManager::new(MemoryBackend::new());
+    let guard = mgr.lock("jobs/dropped").await.unwrap();
+    let fence = guard.fence().0.to_string();
+    drop(guard);
+    // The background release has run once the key can be taken again.
+    let next = mgr
+        .lock_timeout("jobs/dropped", Duration::from_secs(1))
+        .await
+        .unwrap();
+
+    let releases = spans.named("moltlock.release");
+    let dropped = releases
+        .iter()
+        .find(|f| f.get("background").map(String::as_str) == Some("true"))
+        .expect("the dropped guard's release had no span");
+    assert_eq!(dropped.get("key").map(String::as_str), Some("jobs/dropped"));
+    assert_eq!(dropped.get("backend").map(String::as_str), Some("memory"));
+    assert_eq!(dropped.get("fence"), Some(&fence));
+    next.release().await.unwrap();
 }

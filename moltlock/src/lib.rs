@@ -13,7 +13,7 @@
             feature = "serde"
         )
     ),
-    doc = include_str!("../../README.md")
+    doc = include_str!("../README.md")
 )]
 //!
 //! # The `moltlock` crate
