@@ -21,7 +21,8 @@
 //!     acquired_at timestamptz NOT NULL,   -- the release time once released
 //!     info        text,                   -- the holder's description
 //!     version     bigint      NOT NULL DEFAULT 0,  -- bumped by every write
-//!     ttl_ms      bigint      NOT NULL DEFAULT 0   -- the holder's TTL
+//!     ttl_ms      bigint      NOT NULL DEFAULT 0,  -- the holder's TTL
+//!     wait_until  timestamptz NOT NULL DEFAULT 'epoch'  -- a waiter's mark
 //! );
 //! ```
 //!
@@ -45,9 +46,18 @@
 //!   a released key is free whatever the database clock does next. Storage is one row (about 120 bytes plus the
 //!   key) per key locked within the retention window.
 //! - Waiters `LISTEN` on one channel per table over one connection per
-//!   backend, opened before their first attempt; a release sends `NOTIFY` in
-//!   the same statement. When that connection drops, every waiter is woken to
-//!   look again and it reconnects by itself.
+//!   backend, opened before their first attempt. A release sends `NOTIFY`
+//!   in the same statement, and only when a waiter marked the key: the
+//!   notification's commit-time queue lock serialises every notifying
+//!   commit of the database, so a release nobody waits for sends none.
+//!   Before each wait, a waiter marks the row (`wait_until`) if the holder
+//!   its attempt saw still holds it; when it no longer does, the waiter
+//!   looks again at once. So a release either came before the mark (and
+//!   the waiter does not wait) or sees it and notifies: no wake-up is lost.
+//!   A mark lasts until past the holder's expiry plus its TTL and 5 s,
+//!   longer than a waiter pauses between attempts, and needs no removal.
+//!   When the listening connection drops, every waiter is woken to look
+//!   again and it reconnects by itself.
 //! - Behind PgBouncer in transaction mode, `LISTEN` does not work (it needs a
 //!   session): point [`SqlConfig`] at a session-mode pool or the server, or
 //!   rely on polling (waiters still get the lock, only later). Every other
@@ -68,6 +78,7 @@
 //! to hand its pool over.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -267,10 +278,16 @@ fn saw_clock(db: &Shared<Pg>, sent_at: Instant, now_us: i64) {
 impl Watch for Shared<Pg> {
     async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error> {
         let listener = &self.dialect.listener;
-        listener
+        let events = listener
             .watch(&self.pool, key.as_str())
             .await
-            .map_err(|e| map(Pg::NAME, e))
+            .map_err(|e| map(Pg::NAME, e))?;
+        Ok(Box::new(listen::Marking {
+            events,
+            pool: self.pool.clone(),
+            mark: self.dialect.sql.mark.clone(),
+            key: key.as_str().to_owned(),
+        }))
     }
 }
 
@@ -286,6 +303,8 @@ struct Statements {
     renew: String,
     transfer: String,
     delete: String,
+    /// A waiter's mark (see the module docs).
+    mark: Arc<str>,
     renew_many: String,
     raise: String,
     sweep: String,
@@ -324,12 +343,18 @@ impl Statements {
         ddl.push(format!(
             "CREATE {logged}TABLE IF NOT EXISTS {t} (\n    key text PRIMARY KEY,\n    owner text NOT NULL,\n    \
              fence bigint NOT NULL,\n    expires_at timestamptz NOT NULL,\n    acquired_at timestamptz NOT NULL,\n    \
-             info text,\n    version bigint NOT NULL DEFAULT 0,\n    ttl_ms bigint NOT NULL DEFAULT 0\n)"
+             info text,\n    version bigint NOT NULL DEFAULT 0,\n    ttl_ms bigint NOT NULL DEFAULT 0,\n    \
+             wait_until timestamptz NOT NULL DEFAULT 'epoch'\n)"
         ));
         // Tables made before these columns existed.
         ddl.push(add_column(&t, "info", "text"));
         ddl.push(add_column(&t, "version", "bigint NOT NULL DEFAULT 0"));
         ddl.push(add_column(&t, "ttl_ms", "bigint NOT NULL DEFAULT 0"));
+        ddl.push(add_column(
+            &t,
+            "wait_until",
+            "timestamptz NOT NULL DEFAULT 'epoch'",
+        ));
         let observed = cfg.expiry == Expiry::Observed;
         Ok(Self::build(&t, &seq, ddl, observed))
     }
@@ -392,9 +417,18 @@ impl Statements {
             delete: format!(
                 "WITH d AS (UPDATE {t} SET owner = '', expires_at = 'epoch', acquired_at = now(), \
                  version = version + 1 \
-                 WHERE key = $1 AND owner = $2 AND owner <> '' AND {live} RETURNING key) \
-                 SELECT count(pg_notify($3, key)) FROM d"
+                 WHERE key = $1 AND owner = $2 AND owner <> '' AND {live} \
+                 RETURNING key, wait_until > now() AS waited) \
+                 SELECT count(*), count(pg_notify($3, key)) FILTER (WHERE waited) FROM d"
             ),
+            // The waiter's attempt saw holder `$2` (`NULL`: it saw none):
+            // marked while that hold lasts; no row when it has ended.
+            mark: format!(
+                "UPDATE {t} SET wait_until = GREATEST(wait_until, \
+                 GREATEST(expires_at, now()) + (ttl_ms + 5000) * interval '1 millisecond') \
+                 WHERE key = $1 AND ($2::text IS NULL OR owner = $2) AND owner <> '' AND {live}"
+            )
+            .into(),
             renew_many: format!(
                 "UPDATE {t} AS l SET expires_at = now() + x.ms * interval '1 millisecond', \
                  version = l.version + 1, ttl_ms = x.ms \

@@ -421,3 +421,68 @@ async fn a_backend_on_the_applications_pool_leaves_it_usable() {
     }
     assert!(!pool.is_closed());
 }
+
+/// The payloads of the notifications `listener` receives within `within`.
+async fn heard(listener: &mut sqlx::postgres::PgListener, within: Duration) -> Vec<String> {
+    let mut payloads = Vec::new();
+    let until = tokio::time::Instant::now() + within;
+    while let Ok(Ok(n)) = tokio::time::timeout_at(until, listener.recv()).await {
+        payloads.push(n.payload().to_owned());
+    }
+    payloads
+}
+
+/// A release notifies only when a waiter marked its key: a release nobody
+/// waited for, or only a `try_lock` looked at, sends nothing; a waiter
+/// whose retry policy would not look for a minute is woken by the release.
+#[tokio::test]
+async fn a_release_notifies_only_when_a_waiter_marked_the_key() {
+    let url = shared();
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let table = format!("notify_{}", uuid_suffix());
+    let open = || PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&table));
+    let holder = LockManager::new(open().await.unwrap());
+    let waiter = LockManager::builder(open().await.unwrap())
+        .retry(moltlock_core::RetryPolicy::Fixed(Duration::from_secs(60)))
+        .build()
+        .unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect(&url).await.unwrap();
+    listener.listen(&format!("moltlock_{table}")).await.unwrap();
+
+    let alone = holder.lock("alone").await.unwrap();
+    alone.release().await.unwrap();
+    let tried = holder.lock("tried").await.unwrap();
+    assert!(waiter.try_lock("tried").await.unwrap().is_none());
+    tried.release().await.unwrap();
+    let quiet = heard(&mut listener, Duration::from_millis(500)).await;
+    assert!(
+        quiet.is_empty(),
+        "releases nobody waited for notified: {quiet:?}"
+    );
+
+    let held = holder.lock("waited").await.unwrap();
+    let task = tokio::spawn(async move { waiter.lock("waited").await.map(|g| (g, waiter)) });
+    tokio::time::sleep(Duration::from_millis(500)).await; // the waiter waits
+    held.release().await.unwrap();
+    let (next, _waiter) = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the waiter was not woken by the release")
+        .unwrap()
+        .unwrap();
+    let told = heard(&mut listener, Duration::from_millis(200)).await;
+    assert!(
+        told.iter().any(|k| k == "waited"),
+        "no notification: {told:?}"
+    );
+    next.release().await.unwrap();
+
+    for drop in [
+        format!("TABLE \"{table}\""),
+        format!("SEQUENCE \"{table}_fence\""),
+    ] {
+        sqlx::query(&format!("DROP {drop}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}

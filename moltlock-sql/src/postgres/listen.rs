@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use moltlock_core::{KeyEvents, ReleaseWatch};
+use async_trait::async_trait;
+use moltlock_core::{Error, Held, KeyEvents, ReleaseWatch};
 use sqlx::postgres::{PgListener, PgPool};
 use tokio::sync::OnceCell;
 use tokio::task::JoinHandle;
@@ -58,6 +59,37 @@ impl Listener {
             })
             .await?;
         Ok(self.events.subscribe(key))
+    }
+}
+
+/// A waiter's watch: before each wait it marks the key's row, so the
+/// release notifies (see the `postgres` module docs).
+pub(super) struct Marking {
+    /// The subscription, made before the attempt.
+    pub(super) events: Box<dyn ReleaseWatch>,
+    pub(super) pool: PgPool,
+    /// The marking statement.
+    pub(super) mark: Arc<str>,
+    pub(super) key: String,
+}
+
+/// # Cancel safety
+/// A mark dropped in flight may land or not: an unneeded mark costs one
+/// notification, and the next wait marks again.
+#[async_trait]
+impl ReleaseWatch for Marking {
+    async fn released(&mut self, held: &Held) -> Result<(), Error> {
+        let marked = sqlx::query(&self.mark)
+            .bind(&self.key)
+            .bind(held.holder.as_ref().map(|t| t.as_str()))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| crate::error::map(<super::Pg as crate::dialect::Ops>::NAME, e))?
+            .rows_affected();
+        if marked == 0 {
+            return Ok(()); // the hold the attempt saw has ended: look again
+        }
+        self.events.released(held).await
     }
 }
 
