@@ -42,7 +42,12 @@ fn check_throughput(b: &BackendReport, out: &mut Vec<Check>) {
 fn check_backend(b: &BackendReport, peers: &[PeerReport], out: &mut Vec<Check>) {
     let st = &b.store;
     let handoff_stores = ["redis", "etcd", "postgres"];
-    for (mode, c) in [("default", &b.contended), ("fair", &b.contended_fair)] {
+    let modes = [
+        ("default", &b.contended),
+        ("shared", &b.contended_shared),
+        ("fair", &b.contended_fair),
+    ];
+    for (mode, c) in modes {
         let Some(c) = c else { continue };
         push(
             out,
@@ -52,14 +57,35 @@ fn check_backend(b: &BackendReport, peers: &[PeerReport], out: &mut Vec<Check>) 
         );
         push(
             out,
-            format!("{st} {mode}: no task starves"),
+            format!("{st} {mode}: fences rise on every hand-off"),
+            format!("{} went back", c.fence_backwards),
+            c.fence_backwards == 0,
+        );
+        if let ("shared", true, Some(r)) = (
+            mode,
+            st == "redis" || st == "etcd",
+            c.requests_per_acquisition,
+        ) {
+            push(
+                out,
+                format!("{st} shared: ≤ 2.5 store requests per acquisition"),
+                format!("{r:.2} per acquisition"),
+                r <= 2.5,
+            );
+        }
+        // The least-served task gets at least a quarter of a fair share.
+        let floor_share = 0.25 / c.tasks.max(1) as f64;
+        push(
+            out,
+            format!("{st} {mode}: no task starves (least served ≥ ¼ of a fair share)"),
             format!(
-                "{} timeouts; smallest share {:.1} %; longest wait {:.0} ms",
+                "{} timeouts; smallest share {:.1} % (≥ {:.1} %); longest wait {:.0} ms",
                 c.timeouts,
                 c.min_task_share * 100.0,
+                floor_share * 100.0,
                 ms(c.max_wait_us)
             ),
-            c.timeouts == 0 && c.min_task_share > 0.0,
+            c.timeouts == 0 && c.min_task_share >= floor_share,
         );
         if mode == "fair" {
             push(

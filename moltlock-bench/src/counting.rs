@@ -3,8 +3,9 @@
 //! semaphore and multi-lock sections. It forwards everything else,
 //! extensions included, unchanged; the extensions that issue store requests
 //! (batch renewal, batch `cas`, inspection) are counted too, so a request
-//! that bypasses `cas` is never missed. Release watches are not counted:
-//! every backend serves them from one shared subscription.
+//! that bypasses `cas` is never missed. Release watches are counted
+//! apart, as waits: most backends serve them from one shared
+//! subscription, and a Postgres wait first marks the key's row.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -13,8 +14,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use moltlock::extension::require;
 use moltlock::{
-    Backend, CasMulti, CasOutcome, Error, Forward, HolderInfo, Inspect, LockKey, MultiMode,
-    MultiOutcome, RenewItem, RenewMany, Token,
+    Backend, CasMulti, CasOutcome, Error, Forward, Held, HolderInfo, Inspect, LockKey, MultiMode,
+    MultiOutcome, ReleaseWatch, RenewItem, RenewMany, Token, Watch,
 };
 
 /// Request counts so far.
@@ -32,6 +33,8 @@ pub struct Counts {
     pub cas_multi: u64,
     /// `inspect` and `list` calls.
     pub inspect: u64,
+    /// Waits on a release watch (`released` calls), not in [`requests`](Self::requests).
+    pub waits: u64,
 }
 
 impl Counts {
@@ -44,6 +47,7 @@ impl Counts {
             renew_items: self.renew_items.saturating_sub(earlier.renew_items),
             cas_multi: self.cas_multi.saturating_sub(earlier.cas_multi),
             inspect: self.inspect.saturating_sub(earlier.inspect),
+            waits: self.waits.saturating_sub(earlier.waits),
         }
     }
 
@@ -61,6 +65,7 @@ struct Counters {
     renew_items: AtomicU64,
     cas_multi: AtomicU64,
     inspect: AtomicU64,
+    waits: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -88,6 +93,7 @@ impl CountReader {
             renew_items: c.renew_items.load(Ordering::Relaxed),
             cas_multi: c.cas_multi.load(Ordering::Relaxed),
             inspect: c.inspect.load(Ordering::Relaxed),
+            waits: c.waits.load(Ordering::Relaxed),
         }
     }
 }
@@ -144,6 +150,35 @@ impl Forward for Counting {
 
     fn inspector(&self) -> Option<&dyn Inspect> {
         self.inner.inspector().map(|_| self as &dyn Inspect)
+    }
+
+    fn watcher(&self) -> Option<&dyn Watch> {
+        self.inner.watcher().map(|_| self as &dyn Watch)
+    }
+}
+
+#[async_trait]
+impl Watch for Counting {
+    async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error> {
+        let watcher = require(self.inner.name(), self.inner.watcher(), "release watch")?;
+        Ok(Box::new(CountingWatch {
+            inner: watcher.watch(key).await?,
+            counters: self.counters.clone(),
+        }))
+    }
+}
+
+/// A release watch whose waits are counted.
+struct CountingWatch {
+    inner: Box<dyn ReleaseWatch>,
+    counters: Arc<Counters>,
+}
+
+#[async_trait]
+impl ReleaseWatch for CountingWatch {
+    async fn released(&mut self, held: &Held) -> Result<(), Error> {
+        bump(&self.counters.waits);
+        self.inner.released(held).await
     }
 }
 

@@ -50,4 +50,8 @@ impl Holding for MoltHold {
     async fn release(self: Box<Self>) -> Result<(), String> {
         self.0.release().await.map_err(|e| e.to_string())
     }
+
+    fn fence(&self) -> Option<u64> {
+        Some(self.0.fence().0)
+    }
 }

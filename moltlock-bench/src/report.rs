@@ -66,6 +66,8 @@ pub struct BackendReport {
     pub contended: Option<ContendedResult>,
     /// Contention on one key, fair mode (backends with a fair queue).
     pub contended_fair: Option<ContendedResult>,
+    /// Contention on one key through one manager shared by every task.
+    pub contended_shared: Option<ContendedResult>,
     /// Renewal at scale.
     pub renewal: Option<RenewalResult>,
     /// A semaphore next to a plain lock.
@@ -258,7 +260,7 @@ impl Report {
              |---|---:|---:|---:|---:|---|---:|",
             n = self.settings.parallel_tasks
         );
-        let or_dash = |v: Option<String>| v.unwrap_or_else(|| "–".to_owned());
+
         for r in &rows {
             let peer = r.peer_p99.as_ref().map(|(name, x)| {
                 let (x, how) = if *x >= 1.0 {
@@ -272,15 +274,15 @@ impl Report {
                 s,
                 "| {} | {} | {} | {} | {} | {} | {}/{} |",
                 r.store,
-                or_dash(r.uncontended_ratio.map(|v| format!("{v:.2} ×"))),
-                or_dash(r.parallel_ratio.map(|v| format!("{v:.2} ×"))),
-                or_dash(
+                dash(r.uncontended_ratio.map(|v| format!("{v:.2} ×"))),
+                dash(r.parallel_ratio.map(|v| format!("{v:.2} ×"))),
+                dash(
                     r.handoff_p50_us
                         .zip(r.handoff_p50_rtts)
                         .map(|(us, x)| format!("{us:.0} ({x:.1} ×)"))
                 ),
-                or_dash(r.handoff_p99_us.map(|v| format!("{v:.0}"))),
-                or_dash(peer),
+                dash(r.handoff_p99_us.map(|v| format!("{v:.0}"))),
+                dash(peer),
                 r.targets_met,
                 r.targets
             );
@@ -341,12 +343,22 @@ impl Report {
         let _ = writeln!(
             s,
             "### Contended: {} tasks on one key\n\n\
-             | lock | mode | acq/s | releaser won | hand-off p50 µs | hand-off p99 µs | p50 ÷ RTT | longest wait ms | min task share | timeouts | overlaps |\n\
-             |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+             Mode *default*: a manager per task, as separate processes; *shared*: one \
+             manager for every task, as one service. Requests: the store requests the \
+             managers sent per acquisition (acquire, release, renew; — where not counted); \
+             waits: pauses on a release watch per acquisition (served by a shared \
+             subscription; on Postgres each first marks the row, one request more). \
+             Fences back: hand-offs whose fence did not rise (must be 0).\n\n\
+             | lock | mode | acq/s | releaser won | hand-off p50 µs | hand-off p99 µs | p50 ÷ RTT | longest wait ms | min task share | requests/acq | waits/acq | fences back | timeouts | overlaps |\n\
+             |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             self.settings.contenders
         );
         for b in &self.backends {
-            let rows = [("default", &b.contended), ("fair", &b.contended_fair)];
+            let rows = [
+                ("default", &b.contended),
+                ("shared", &b.contended_shared),
+                ("fair", &b.contended_fair),
+            ];
             for (mode, c) in rows {
                 if let Some(c) = c {
                     let name = format!("moltlock {}", b.store);
@@ -443,10 +455,15 @@ impl Report {
     }
 }
 
+/// A figure, or a dash where there is none.
+fn dash(v: Option<String>) -> String {
+    v.unwrap_or_else(|| "–".to_owned())
+}
+
 fn contended_row(s: &mut String, name: &str, mode: &str, c: &ContendedResult, rtt_us: f64) {
     let _ = writeln!(
         s,
-        "| {name} | {mode} | {:.0} | {:.0} % | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} % | {} | {} |",
+        "| {name} | {mode} | {:.0} | {:.0} % | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} % | {} | {} | {} | {} | {} |",
         c.per_sec,
         c.releaser_won * 100.0,
         c.handoff.p50_us,
@@ -454,6 +471,9 @@ fn contended_row(s: &mut String, name: &str, mode: &str, c: &ContendedResult, rt
         ratio(c.handoff.p50_us, rtt_us),
         ms(c.max_wait_us),
         c.min_task_share * 100.0,
+        dash(c.requests_per_acquisition.map(|v| format!("{v:.2}"))),
+        dash(c.waits_per_acquisition.map(|v| format!("{v:.2}"))),
+        c.fence_backwards,
         c.timeouts,
         c.overlaps
     );
@@ -472,6 +492,7 @@ mod tests {
                 p99_us,
                 max_us: p99_us,
             },
+            tasks: 8,
             min_task_share: 0.1,
             ..ContendedResult::default()
         }
@@ -526,11 +547,11 @@ mod tests {
         assert_eq!((peer.0.as_str(), peer.1), ("best peer", 10.0));
         assert_eq!(f.peer_p99.clone().unwrap_or_default().1, 0.5);
         // default: uncontended met, parallel missed, overlap and starving
-        // met, hand-off p50 met (3.0 ×); fair adds its own four.
-        assert_eq!((d.targets_met, d.targets), (4, 5));
+        // met, fences rise, hand-off p50 met (3.0 ×); fair adds its own.
+        assert_eq!((d.targets_met, d.targets), (5, 6));
         assert!(f.targets > d.targets);
         let text = report.markdown();
-        assert!(text.contains("| etcd | 0.95 × | 0.50 × | 1200 (3.0 ×) | 4000 | 10.0 × lower than best peer | 4/5 |"), "{text}");
+        assert!(text.contains("| etcd | 0.95 × | 0.50 × | 1200 (3.0 ×) | 4000 | 10.0 × lower than best peer | 5/6 |"), "{text}");
         assert!(
             text.contains("| etcd fair |") && text.contains("2.0 × higher than best peer"),
             "{text}"

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use clap::{Parser, ValueEnum};
 use moltlock::{Backend, Store};
 
+use crate::counting::{CountReader, Counting};
 use crate::floor::Floor;
 use crate::molt::MoltLocker;
 use crate::peers::{EtcdLockRpc, Rslock};
@@ -268,6 +269,7 @@ async fn measure_with(
     }
     if a.runs(Section::Contended) {
         r.contended = Some(contend_molt(t, a, false).await?);
+        r.contended_shared = Some(contend_shared(t, a).await?);
         if backend.fair_queue().is_some() {
             r.contended_fair = Some(contend_molt(t, a, true).await?);
         }
@@ -320,17 +322,45 @@ async fn primitives(t: &Target, a: &Args, r: &mut BackendReport) -> Result<(), S
 }
 
 /// One manager (own connection) per contender, as separate processes would.
+/// Store requests are counted in the default mode (the fair queue's own
+/// requests go past the counter).
 async fn contend_molt(
     t: &Target,
     a: &Args,
     fair: bool,
 ) -> Result<crate::workload::ContendedResult, String> {
     let mut lockers: Vec<Arc<dyn Locker>> = Vec::new();
-    for _ in 0..a.contenders.max(1) {
-        lockers.push(Arc::new(MoltLocker::new(t.backend().await?, fair)?));
+    let (first, reader) = Counting::new(t.backend().await?);
+    lockers.push(Arc::new(MoltLocker::new(Arc::new(first), fair)?));
+    for _ in 1..a.contenders.max(1) {
+        let backend = Counting::sharing(t.backend().await?, &reader);
+        lockers.push(Arc::new(MoltLocker::new(Arc::new(backend), fair)?));
     }
     let mode = if fair { "fair" } else { "default" };
-    contended(&lockers, &t.key("contended", mode), contention(a)).await
+    let mut res = contended(&lockers, &t.key("contended", mode), contention(a)).await?;
+    if !fair {
+        per_acquisition(&mut res, &reader);
+    }
+    Ok(res)
+}
+
+/// One manager shared by every contender, as the tasks of one service use
+/// it: its queue of waiters puts one contender on the store.
+async fn contend_shared(t: &Target, a: &Args) -> Result<crate::workload::ContendedResult, String> {
+    let (backend, reader) = Counting::new(t.backend().await?);
+    let shared: Arc<dyn Locker> = Arc::new(MoltLocker::new(Arc::new(backend), false)?);
+    let lockers = vec![shared; a.contenders.max(1)];
+    let mut res = contended(&lockers, &t.key("contended", "shared"), contention(a)).await?;
+    per_acquisition(&mut res, &reader);
+    Ok(res)
+}
+
+/// Fills in the requests and waits per acquisition from the counts.
+fn per_acquisition(res: &mut crate::workload::ContendedResult, reader: &CountReader) {
+    let counts = reader.get();
+    let n = res.acquisitions as f64;
+    res.requests_per_acquisition = Some(ratio(counts.requests() as f64, n));
+    res.waits_per_acquisition = Some(ratio(counts.waits as f64, n));
 }
 
 async fn run_peer(t: &Target, a: &Args, floor_per_sec: f64) -> Option<PeerReport> {

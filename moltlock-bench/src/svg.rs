@@ -28,7 +28,12 @@ fn x(us: f64) -> f64 {
 fn rows(r: &Report) -> Vec<(String, f64, f64)> {
     let mut out = Vec::new();
     for b in &r.backends {
-        for (mode, c) in [("", &b.contended), (" (fair)", &b.contended_fair)] {
+        let modes = [
+            ("", &b.contended),
+            (" (shared)", &b.contended_shared),
+            (" (fair)", &b.contended_fair),
+        ];
+        for (mode, c) in modes {
             if let Some(c) = c {
                 let label = format!("moltlock {}{mode}", b.store);
                 out.push((label, c.handoff.p50_us, c.handoff.p99_us));

@@ -33,6 +33,11 @@ pub trait Locker: Send + Sync {
 pub trait Holding: Send {
     /// Releases it.
     async fn release(self: Box<Self>) -> Result<(), String>;
+
+    /// The hold's fencing token, where the client gives one.
+    fn fence(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Turns a [`Locker`] into a [`Cycler`].
@@ -127,6 +132,7 @@ pub async fn closed_loop(
 #[derive(Clone, Copy, Debug)]
 struct Rec {
     task: usize,
+    fence: Option<u64>,
     acquired: Instant,
     release_start: Instant,
     released: Instant,
@@ -153,6 +159,15 @@ pub struct ContendedResult {
     pub timeouts: u64,
     /// The smallest share of acquisitions any task got.
     pub min_task_share: f64,
+    /// Hand-offs whose new holder's fence was not above the one before
+    /// (must be 0; checked on every hand-off where the client has fences).
+    pub fence_backwards: u64,
+    /// Store requests (acquire, release, renew, inspect) per acquisition,
+    /// where they were counted.
+    pub requests_per_acquisition: Option<f64>,
+    /// Waits on a release watch per acquisition, where they were counted
+    /// (a Postgres wait marks the key's row first: one more request each).
+    pub waits_per_acquisition: Option<f64>,
 }
 
 /// Settings of a contended run.
@@ -237,9 +252,11 @@ async fn contend(
         tokio::time::sleep(c.hold).await;
         shared.inside.fetch_sub(1, Ordering::SeqCst);
         let release_start = Instant::now();
+        let fence = h.fence();
         h.release().await?;
         recs.push(Rec {
             task,
+            fence,
             acquired,
             release_start,
             released: Instant::now(),
@@ -251,11 +268,14 @@ async fn contend(
 fn analyse(mut recs: Vec<Rec>, shared: &Shared, tasks: usize, elapsed: f64) -> ContendedResult {
     recs.sort_by_key(|r| r.acquired);
     let mut handoff = Vec::new();
-    let (mut same, mut overlaps) = (0u64, 0u64);
+    let (mut same, mut overlaps, mut backwards) = (0u64, 0u64, 0u64);
     for pair in recs.windows(2) {
         let (a, b) = (pair[0], pair[1]);
         if b.acquired < a.release_start {
             overlaps += 1;
+        }
+        if let (Some(before), Some(after)) = (a.fence, b.fence) {
+            backwards += u64::from(after <= before);
         }
         if a.task == b.task {
             same += 1;
@@ -285,5 +305,8 @@ fn analyse(mut recs: Vec<Rec>, shared: &Shared, tasks: usize, elapsed: f64) -> C
         overlaps: overlaps.max(shared.live_overlaps.load(Ordering::Relaxed)),
         timeouts: shared.timeouts.load(Ordering::Relaxed),
         min_task_share: crate::stats::ratio(min as f64, n as f64),
+        fence_backwards: backwards,
+        requests_per_acquisition: None,
+        waits_per_acquisition: None,
     }
 }

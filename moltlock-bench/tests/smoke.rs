@@ -161,6 +161,26 @@ fn check_backend(b: &Value) {
     assert!(num(c, &["acquisitions"]) > 0.0, "{store}: nothing acquired");
     assert_eq!(num(c, &["overlaps"]), 0.0, "{store}: two holders at once");
     assert_eq!(num(c, &["timeouts"]), 0.0, "{store}: a contender starved");
+    assert!(
+        num(c, &["requests_per_acquisition"]) >= 1.0,
+        "{store}: store requests per acquisition not counted"
+    );
+    assert_eq!(
+        num(c, &["fence_backwards"]),
+        0.0,
+        "{store}: a fence went back"
+    );
+    let shared = &b["contended_shared"];
+    assert!(
+        num(shared, &["acquisitions"]) > 0.0,
+        "{store}: shared manager acquired nothing"
+    );
+    assert_eq!(num(shared, &["overlaps"]), 0.0, "{store}: shared overlap");
+    assert_eq!(
+        num(shared, &["fence_backwards"]),
+        0.0,
+        "{store}: shared fence went back"
+    );
     if !b["contended_fair"].is_null() {
         assert_eq!(
             num(&b["contended_fair"], &["overlaps"]),

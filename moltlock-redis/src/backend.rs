@@ -102,6 +102,35 @@ impl RedisBackend {
         Ok(Self::assemble(cfg, clients, conn))
     }
 
+    /// A backend over the application's own Redis Cluster client: lock
+    /// commands go through a connection of `client` (its seeds,
+    /// credentials, TLS and timeouts). `cfg` must be a cluster
+    /// configuration (`redis+cluster://…`) and gives the rest; its nodes
+    /// carry only the release notifications (a cluster delivers a publish
+    /// to every node, so one reachable node is enough).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a single-server configuration or bad settings,
+    /// else as [`RedisBackend::connect`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the half-open connection.
+    pub async fn from_cluster_client(
+        client: redis::cluster::ClusterClient,
+        cfg: RedisConfig,
+    ) -> Result<Self, Error> {
+        cfg.check()?;
+        if cfg.mode != Mode::Cluster {
+            return Err(Error::config(
+                "from_cluster_client takes a cluster configuration (redis+cluster://…); \
+                 use from_client for one server",
+            ));
+        }
+        let clients = conn::clients(&cfg)?;
+        let conn = conn::cluster_of(&cfg, &client).await?;
+        Ok(Self::assemble(cfg, clients, conn))
+    }
+
     fn assemble(cfg: RedisConfig, clients: Vec<Client>, conn: Conn) -> Self {
         let layout = Layout::new(&cfg.prefix);
         let inner = Inner {
@@ -263,8 +292,8 @@ impl Backend for RedisBackend {
         }
         let layout = &self.inner.layout;
         let (lock, fence, ttl) = (layout.lock(key), layout.fence(key), millis(ttl));
-        let info = layout.info(key);
-        let keys = [lock.as_str(), fence.as_str(), info.as_str()];
+        let (info, wait) = (layout.info(key), layout.wait(key));
+        let keys = [lock.as_str(), fence.as_str(), info.as_str(), wait.as_str()];
         let keep = self.keep();
         let sent_at = Instant::now();
         let reply: CasReply = match expected {
@@ -282,13 +311,18 @@ impl Backend for RedisBackend {
     }
 
     /// Compare-and-DEL in one script; a successful delete publishes on the
-    /// key's release channel.
+    /// key's release channel when a waiter marked the key.
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
         key.check_len(LIMITS.max_key_len)?;
         let layout = &self.inner.layout;
         let (lock, info, channel) = (layout.lock(key), layout.info(key), layout.channel(key));
+        let wait = layout.wait(key);
         let done: i64 = self
-            .script(&RELEASE, &[&lock, &info], &[owner.as_str(), &channel])
+            .script(
+                &RELEASE,
+                &[&lock, &info, &wait],
+                &[owner.as_str(), &channel],
+            )
             .await?;
         Ok(done == 1)
     }

@@ -170,3 +170,12 @@ async fn cluster(cfg: &RedisConfig, clients: &[Client]) -> Result<Conn, Error> {
     let conn = client.get_async_connection().await.map_err(map)?;
     Ok(Conn::Cluster(conn))
 }
+
+/// The command connection of the application's own cluster client.
+pub(crate) async fn cluster_of(cfg: &RedisConfig, client: &ClusterClient) -> Result<Conn, Error> {
+    let conn = tokio::time::timeout(cfg.connect_timeout, client.get_async_connection())
+        .await
+        .map_err(|_| timed_out("connecting to the Redis Cluster"))?
+        .map_err(map)?;
+    Ok(Conn::Cluster(conn))
+}

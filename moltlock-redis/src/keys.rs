@@ -7,7 +7,8 @@
 //! semaphore or read-write lock shares the hash tag of its name, and so one
 //! Cluster slot. The fence of a lock key is at `<lock key>:fence` (no expiry
 //! unless a fence retention is set), its description at `<lock key>:info`,
-//! and its release channel is named like the lock key.
+//! a waiter's mark at `<lock key>:wait`, and its release channel is named
+//! like the lock key.
 //!
 //! `esc` replaces `%` with `%25` and `}` with `%7D`, so the braces always
 //! enclose a non-empty hash tag; `esc_rest` also replaces `:` with `%3A`,
@@ -64,6 +65,12 @@ impl Layout {
     /// The key holding the holder's description (same hash tag).
     pub(crate) fn info(&self, key: &LockKey) -> String {
         format!("{}:info", self.lock(key))
+    }
+
+    /// The key marking that a waiter waits for the lock's release (same
+    /// hash tag): a release publishes only while it exists.
+    pub(crate) fn wait(&self, key: &LockKey) -> String {
+        format!("{}:wait", self.lock(key))
     }
 
     /// The pub/sub channel a release is announced on (channel names are a

@@ -34,8 +34,18 @@
 //!   failure returns the holder and its `PTTL`, so a waiter sleeps at most
 //!   until the hold expires;
 //! - renew: compare-and-`PEXPIRE`; release: compare-and-`DEL`, then
-//!   `PUBLISH` on the key's channel. Never a read followed by a separate
-//!   write;
+//!   `PUBLISH` on the key's channel only when a waiter marked the key. Never
+//!   a read followed by a separate write;
+//! - notify only when someone waits: an acquire attempt that finds the key
+//!   held also marks it waited for (`<lock key>:wait`, until 5 s past the
+//!   hold's expiry), in the same script and after its waiter subscribed;
+//!   the release deletes the mark and publishes only if it found one. A
+//!   waiter looks again by the hold's expiry at the latest, marking again
+//!   if the hold was renewed, so no release it waits for is unannounced,
+//!   and a release nobody waits for costs no `PUBLISH`. Waiters of versions
+//!   without marks are not woken by this version's releases (they look
+//!   again by the hold's expiry or their retry policy): upgrade a fleet's
+//!   waiters first;
 //! - scripts go as `EVALSHA`, repeated as `EVAL` when the script cache was
 //!   flushed (`NOSCRIPT`);
 //! - `renew_many` renews all holds of a manager in one pipelined round trip

@@ -75,7 +75,14 @@ impl RedisBackend {
     fn stored_keys_of(&self, keys: &[LockKey]) -> Vec<String> {
         let layout = &self.inner.layout;
         keys.iter()
-            .flat_map(|k| [layout.lock(k), layout.fence(k), layout.info(k)])
+            .flat_map(|k| {
+                [
+                    layout.lock(k),
+                    layout.fence(k),
+                    layout.info(k),
+                    layout.wait(k),
+                ]
+            })
             .collect()
     }
 }

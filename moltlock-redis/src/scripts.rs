@@ -14,6 +14,14 @@ use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisResult};
 /// What the take scripts share, after their `ttl`, `keep` (fence retention
 /// ms, 0: forever) and `q` (restart quarantine ms, 0: off) locals:
 ///
+/// - `mark(wait_key, pttl)`: marks a held key waited for, until 5 s past
+///   the hold's expiry. An attempt that finds the key held marks it in the
+///   same script, after its waiter subscribed to the key's releases, and a
+///   release publishes only when it finds (and deletes) a mark: so a
+///   release nobody waits for publishes nothing, and none that a waiter
+///   waits for goes unannounced. A waiter looks again by the hold's expiry
+///   at the latest (marking again if the hold was renewed), before its
+///   mark ends;
 /// - `clock`: the server's `TIME` in µs (the clock that judges `PX`
 ///   expiry), for the reply;
 /// - `advance(fence)`: advances the fence key to `max(stored + 1, clock)`
@@ -33,6 +41,9 @@ use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisResult};
 ///   second ahead of the true uptime: one second is taken off, and the wait
 ///   errs on the long side.
 const TAKE: &str = r"
+local function mark(wait_key, pttl)
+  redis.call('SET', wait_key, '1', 'PX', math.max(pttl, 0) + 5000)
+end
 local now_t = redis.call('TIME')
 local clock = tonumber(now_t[1]) * 1000000 + tonumber(now_t[2])
 local function advance(fence_key)
@@ -65,10 +76,11 @@ local function quarantined()
 end
 ";
 
-/// `KEYS`: lock, fence, info. `ARGV`: token, ttl ms, fence retention ms (0:
-/// forever), restart quarantine ms (0: off). Takes a free key (SET NX PX in
-/// effect) and advances the fence; or reports the holder and its PTTL, or
-/// (no holder) the rest of the restart quarantine (see [`TAKE`]).
+/// `KEYS`: lock, fence, info, wait mark. `ARGV`: token, ttl ms, fence
+/// retention ms (0: forever), restart quarantine ms (0: off). Takes a free
+/// key (SET NX PX in effect) and advances the fence; or reports the holder
+/// and its PTTL, marking the key waited for (see [`TAKE`]), or (no holder)
+/// the rest of the restart quarantine (see [`TAKE`]).
 ///
 /// Reply: `{1, fence, 0, clock}` or `{0, holder or false, pttl, clock}`,
 /// `clock` the server's `TIME` in µs (the clock that judges `PX` expiry).
@@ -81,7 +93,9 @@ local ttl, keep, q = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
         r"
 local cur = redis.call('GET', KEYS[1])
 if cur then
-  return {0, cur, redis.call('PTTL', KEYS[1]), clock}
+  local pttl = redis.call('PTTL', KEYS[1])
+  mark(KEYS[4], pttl)
+  return {0, cur, pttl, clock}
 end
 local left = quarantined()
 if left > 0 then
@@ -92,7 +106,7 @@ return {1, take(KEYS[1], KEYS[2], KEYS[3], ARGV[1]), 0, clock}
     ])
 });
 
-/// `KEYS`: lock, fence, info for each key in turn. `ARGV`: token, ttl ms,
+/// `KEYS`: lock, fence, info, wait mark for each key in turn. `ARGV`: token, ttl ms,
 /// fence retention ms (0: forever), restart quarantine ms (0: off), `all`
 /// or `any`. Each key is judged as [`ACQUIRE`] judges it. `all`: takes
 /// every key if all are free, else nothing. `any`: takes the first free
@@ -111,11 +125,13 @@ local all = ARGV[5] == 'all'
         r"
 local left
 local busy = {}
-for i = 1, #KEYS, 3 do
-  local n = (i - 1) / 3
+for i = 1, #KEYS, 4 do
+  local n = (i - 1) / 4
   local cur = redis.call('GET', KEYS[i])
   if cur then
-    busy[#busy + 1] = {n, cur, redis.call('PTTL', KEYS[i])}
+    local pttl = redis.call('PTTL', KEYS[i])
+    mark(KEYS[i + 3], pttl)
+    busy[#busy + 1] = {n, cur, pttl}
   else
     left = left or quarantined()
     if left > 0 then
@@ -129,8 +145,8 @@ if #busy > 0 or not all then
   return {0, clock, busy}
 end
 local taken = {}
-for i = 1, #KEYS, 3 do
-  taken[#taken + 1] = {(i - 1) / 3, take(KEYS[i], KEYS[i + 1], KEYS[i + 2], ARGV[1]), 0}
+for i = 1, #KEYS, 4 do
+  taken[#taken + 1] = {(i - 1) / 4, take(KEYS[i], KEYS[i + 1], KEYS[i + 2], ARGV[1]), 0}
 end
 return {1, clock, taken}
 ",
@@ -172,15 +188,17 @@ return {1, take(KEYS[1], KEYS[2], KEYS[3], ARGV[2]), 0, clock}
     ])
 });
 
-/// `KEYS`: lock, info. `ARGV`: token, channel. Compare-and-DEL (the
-/// description goes with the hold), then announces the release. Reply: 1 if
-/// deleted, else 0.
+/// `KEYS`: lock, info, wait mark. `ARGV`: token, channel. Compare-and-DEL
+/// (the description goes with the hold), then announces the release, only
+/// when a waiter marked the key (see [`TAKE`]). Reply: 1 if deleted, else 0.
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
-  redis.call('PUBLISH', ARGV[2], 'released')
+  if redis.call('DEL', KEYS[3]) == 1 then
+    redis.call('PUBLISH', ARGV[2], 'released')
+  end
   return 1
 end
 return 0

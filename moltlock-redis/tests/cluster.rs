@@ -85,3 +85,45 @@ async fn cas_multi_in_one_slot_and_across_slots() -> common::Res {
     }
     Ok(())
 }
+
+/// A backend over the application's own `ClusterClient` locks across the
+/// cluster and wakes its waiters; a single-server configuration is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_from_the_applications_cluster_client() -> common::Res {
+    use moltlock_redis::redis::cluster::ClusterClient;
+    use moltlock_redis::RedisConfig;
+
+    let cluster = fx::start_cluster()?;
+    let seeds: Vec<String> = cluster.nodes.iter().map(|n| n.raw_url()).collect();
+    let client = ClusterClient::new(seeds.clone())?;
+    let cfg = RedisConfig::from_url(&cluster.url())?;
+    let backend = RedisBackend::from_cluster_client(client.clone(), cfg).await?;
+    assert_eq!(backend.config().mode(), Mode::Cluster);
+    let manager = LockManager::builder(backend)
+        .ttl(Duration::from_secs(10))
+        .retry(moltlock_core::RetryPolicy::Fixed(Duration::from_secs(30)))
+        .build()?;
+    let guard = manager.lock("cluster-client/a").await?;
+    assert!(manager.try_lock("cluster-client/a").await?.is_none());
+    // A waiter of another manager on the same client is woken by the release,
+    // not by its 30 s retry delay.
+    let other = LockManager::builder(
+        RedisBackend::from_cluster_client(client, RedisConfig::from_url(&cluster.url())?).await?,
+    )
+    .retry(moltlock_core::RetryPolicy::Fixed(Duration::from_secs(30)))
+    .build()?;
+    let waiter = tokio::spawn(async move { other.lock("cluster-client/a").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    guard.release().await?;
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter).await???;
+    next.release().await?;
+
+    let single = RedisConfig::from_url(&seeds[0])?;
+    let refused = RedisBackend::from_cluster_client(ClusterClient::new(seeds)?, single).await;
+    assert!(
+        matches!(refused, Err(moltlock_core::Error::Config(_))),
+        "{:?}",
+        refused.err()
+    );
+    Ok(())
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use moltlock_core::{LockManager, RetryPolicy};
 use moltlock_fixtures::redis as fx;
-use moltlock_redis::{RedisBackend, RedisConfig};
+use moltlock_redis::{redis, RedisBackend, RedisConfig};
 use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -54,5 +54,53 @@ async fn eight_waiters_wake_on_release() -> Result<(), Box<dyn std::error::Error
     );
     assert!(gaps.len() >= 30, "only {} hand-overs", gaps.len());
     assert!(median < Duration::from_millis(50), "median {median:?}");
+    Ok(())
+}
+
+/// A release publishes only when a waiter marked the key: nothing for a
+/// release nobody waits for; an announcement for one a waiter waits for,
+/// also when the hold was renewed for longer than the waiter's first mark
+/// lasts (the waiter marks again as it looks again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_publish_only_when_someone_waits() -> Result<(), Box<dyn std::error::Error>> {
+    use futures_util::StreamExt;
+
+    let server = fx::redis()?;
+    let prefix = fx::unique_prefix();
+    let open = || async {
+        let cfg = RedisConfig::from_url(&server.url())?
+            .key_prefix(prefix.clone())
+            .fence_retention(Duration::from_secs(600));
+        let backend = RedisBackend::connect(cfg).await?;
+        let manager = LockManager::builder(backend)
+            .ttl(Duration::from_millis(500))
+            .retry(RetryPolicy::Fixed(Duration::from_secs(60)))
+            .build()?;
+        Ok::<_, Box<dyn std::error::Error>>(manager)
+    };
+    let (holder, waiter) = (open().await?, open().await?);
+    let mut pubsub = redis::Client::open(server.url())?
+        .get_async_pubsub()
+        .await?;
+    pubsub.psubscribe(format!("{prefix}*")).await?;
+    let mut messages = pubsub.into_on_message();
+
+    holder.lock("publish/k").await?.release().await?;
+    let quiet = tokio::time::timeout(Duration::from_millis(300), messages.next()).await;
+    assert!(quiet.is_err(), "a release nobody waited for published");
+
+    let g = holder.lock("publish/k").await?;
+    let task = tokio::spawn(async move { waiter.lock("publish/k").await });
+    // Past the first mark (the hold's 500 ms and 5 s): renewed all along.
+    tokio::time::sleep(Duration::from_millis(6_500)).await;
+    assert!(!task.is_finished(), "the waiter took a held key");
+    g.release().await?;
+    let told = tokio::time::timeout(Duration::from_secs(2), messages.next()).await;
+    assert!(
+        matches!(told, Ok(Some(_))),
+        "a release a waiter waited for was not announced"
+    );
+    let next = tokio::time::timeout(Duration::from_secs(5), task).await???;
+    next.release().await?;
     Ok(())
 }

@@ -50,12 +50,20 @@
 //!   in the same statement, and only when a waiter marked the key: the
 //!   notification's commit-time queue lock serialises every notifying
 //!   commit of the database, so a release nobody waits for sends none.
-//!   Before each wait, a waiter marks the row (`wait_until`) if the holder
-//!   its attempt saw still holds it; when it no longer does, the waiter
+//!   A waiting waiter keeps the row marked (`wait_until`, 10 s ahead by the
+//!   database clock): before a wait it marks the row if the holder its
+//!   attempt saw still holds it, and when it no longer does, the waiter
 //!   looks again at once. So a release either came before the mark (and
 //!   the waiter does not wait) or sees it and notifies: no wake-up is lost.
-//!   A mark lasts until past the holder's expiry plus its TTL and 5 s,
-//!   longer than a waiter pauses between attempts, and needs no removal.
+//!   While its mark lasts (less a second) a waiter waits without marking
+//!   again, so waiting costs one mark per waiter per 9 s, and a mark needs
+//!   no removal. A step of the database clock by more than that can cost a
+//!   waiter a notification (it then wakes by its retry policy or the hold's
+//!   expiry). A table made before marks needs `migrate()` (or the
+//!   add-column statement of [`PostgresBackend::ddl`]) when `auto_migrate`
+//!   is off: connecting to a table without the column fails. Waiters of
+//!   versions without marks are not woken by the releases of this one:
+//!   upgrade a fleet's waiters first, or accept they poll meanwhile.
 //!   When the listening connection drops, every waiter is woken to look
 //!   again and it reconnects by itself.
 //! - Behind PgBouncer in transaction mode, `LISTEN` does not work (it needs a
@@ -287,9 +295,13 @@ impl Watch for Shared<Pg> {
             pool: self.pool.clone(),
             mark: self.dialect.sql.mark.clone(),
             key: key.as_str().to_owned(),
+            marked_until: None,
         }))
     }
 }
+
+/// How long a waiter's mark lasts, by the database clock.
+const MARK_SECS: u64 = 10;
 
 /// The server clock in microseconds since the epoch, as replies report it.
 const NOW_US: &str = "(extract(epoch FROM now()) * 1000000)::bigint";
@@ -422,11 +434,12 @@ impl Statements {
                  SELECT count(*), count(pg_notify($3, key)) FILTER (WHERE waited) FROM d"
             ),
             // The waiter's attempt saw holder `$2` (`NULL`: it saw none):
-            // marked while that hold lasts; no row when it has ended.
+            // marked while that hold lasts, replying the mark's ms left; no
+            // row when it has ended.
             mark: format!(
-                "UPDATE {t} SET wait_until = GREATEST(wait_until, \
-                 GREATEST(expires_at, now()) + (ttl_ms + 5000) * interval '1 millisecond') \
-                 WHERE key = $1 AND ($2::text IS NULL OR owner = $2) AND owner <> '' AND {live}"
+                "UPDATE {t} SET wait_until = GREATEST(wait_until, now() + interval '{MARK_SECS} seconds') \
+                 WHERE key = $1 AND ($2::text IS NULL OR owner = $2) AND owner <> '' AND {live} \
+                 RETURNING (extract(epoch FROM wait_until - now()) * 1000)::bigint"
             )
             .into(),
             renew_many: format!(
@@ -450,6 +463,7 @@ impl Statements {
             // `GREATEST` — keeps its row until the sequence passes it.)
             sweep: format!(
                 "DELETE FROM {t} WHERE expires_at < now() - $1::bigint * interval '1 millisecond' \
+                 AND wait_until < now() \
                  AND acquired_at < now() - $1::bigint * interval '1 millisecond' \
                  AND fence <= (SELECT last_value FROM {seq})"
             ),

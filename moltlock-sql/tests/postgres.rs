@@ -432,6 +432,51 @@ async fn heard(listener: &mut sqlx::postgres::PgListener, within: Duration) -> V
     payloads
 }
 
+/// A waiter that waits longer than its mark lasts (10 s) keeps the row
+/// marked: the release of a hold renewed all along still notifies.
+#[tokio::test]
+async fn a_long_wait_keeps_its_mark() {
+    let url = shared();
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let table = format!("notify_long_{}", uuid_suffix());
+    let open = || PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&table));
+    let holder = LockManager::builder(open().await.unwrap())
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let waiter = LockManager::builder(open().await.unwrap())
+        .retry(moltlock_core::RetryPolicy::Fixed(Duration::from_secs(60)))
+        .build()
+        .unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect(&url).await.unwrap();
+    listener.listen(&format!("moltlock_{table}")).await.unwrap();
+    let held = holder.lock("long").await.unwrap();
+    let task = tokio::spawn(async move { waiter.lock("long").await.map(|g| (g, waiter)) });
+    tokio::time::sleep(Duration::from_secs(12)).await; // past the first mark
+    assert!(!task.is_finished(), "the waiter took a held key");
+    held.release().await.unwrap();
+    let (next, _waiter) = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the waiter was not woken by the release")
+        .unwrap()
+        .unwrap();
+    let told = heard(&mut listener, Duration::from_millis(200)).await;
+    assert!(
+        told.iter().any(|k| k == "long"),
+        "no notification: {told:?}"
+    );
+    next.release().await.unwrap();
+    for drop in [
+        format!("TABLE \"{table}\""),
+        format!("SEQUENCE \"{table}_fence\""),
+    ] {
+        sqlx::query(&format!("DROP {drop}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
+
 /// A release notifies only when a waiter marked its key: a release nobody
 /// waited for, or only a `try_lock` looked at, sends nothing; a waiter
 /// whose retry policy would not look for a minute is woken by the release.

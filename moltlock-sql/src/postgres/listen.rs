@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use async_trait::async_trait;
 use moltlock_core::{Error, Held, KeyEvents, ReleaseWatch};
 use sqlx::postgres::{PgListener, PgPool};
@@ -62,7 +64,12 @@ impl Listener {
     }
 }
 
-/// A waiter's watch: before each wait it marks the key's row, so the
+/// How long before its mark ends a waiter marks again.
+const MARK_MARGIN: Duration = Duration::from_secs(1);
+/// The shortest wait between marks, whatever a mark replied.
+const MIN_MARK_WAIT: Duration = Duration::from_millis(100);
+
+/// A waiter's watch: it keeps the key's row marked while it waits, so the
 /// release notifies (see the `postgres` module docs).
 pub(super) struct Marking {
     /// The subscription, made before the attempt.
@@ -71,25 +78,51 @@ pub(super) struct Marking {
     /// The marking statement.
     pub(super) mark: Arc<str>,
     pub(super) key: String,
+    /// Until when (by this clock, from the mark's send) the last mark lasts.
+    pub(super) marked_until: Option<Instant>,
+}
+
+impl Marking {
+    /// Marks the row while the hold `held` names lasts; `false` when it has
+    /// ended.
+    async fn mark(&mut self, held: &Held) -> Result<bool, Error> {
+        let sent = Instant::now();
+        let left: Option<i64> = sqlx::query_scalar(&self.mark)
+            .bind(&self.key)
+            .bind(held.holder.as_ref().map(|t| t.as_str()))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| crate::error::map(<super::Pg as crate::dialect::Ops>::NAME, e))?;
+        let Some(left) = left else {
+            return Ok(false);
+        };
+        let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
+        self.marked_until = Some(sent + left);
+        Ok(true)
+    }
 }
 
 /// # Cancel safety
-/// A mark dropped in flight may land or not: an unneeded mark costs one
-/// notification, and the next wait marks again.
+/// A mark dropped in flight may land or not: an unneeded mark costs a
+/// notification, and the next wait marks again unless it knows its mark.
 #[async_trait]
 impl ReleaseWatch for Marking {
     async fn released(&mut self, held: &Held) -> Result<(), Error> {
-        let marked = sqlx::query(&self.mark)
-            .bind(&self.key)
-            .bind(held.holder.as_ref().map(|t| t.as_str()))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| crate::error::map(<super::Pg as crate::dialect::Ops>::NAME, e))?
-            .rows_affected();
-        if marked == 0 {
-            return Ok(()); // the hold the attempt saw has ended: look again
+        loop {
+            let now = Instant::now();
+            let fresh = self.marked_until.is_some_and(|u| u > now + MARK_MARGIN);
+            if !fresh && !self.mark(held).await? {
+                return Ok(()); // the hold the attempt saw has ended: look again
+            }
+            let until = self.marked_until.unwrap_or(now);
+            let wait = until
+                .saturating_duration_since(Instant::now() + MARK_MARGIN)
+                .max(MIN_MARK_WAIT);
+            if let Ok(told) = tokio::time::timeout(wait, self.events.released(held)).await {
+                return told;
+            }
+            self.marked_until = None; // about to end: mark again
         }
-        self.events.released(held).await
     }
 }
 
