@@ -1,102 +1,79 @@
-//! Enforcing a fence at the resource (docs/FENCING.md): a holder whose lock
-//! ended while its write was on the way must not overwrite the work of the
-//! holder after it. Two resources check the fence themselves: an SQL row
-//! (`UPDATE … WHERE last_fence < $fence`) and an in-process service that
-//! keeps the highest fence it has seen.
+//! Enforcing a fence at an SQL row (docs/FENCING.md, section 1): a holder
+//! whose lock ended while its write was on the way must not overwrite the
+//! work of the holder after it. The row keeps the fence of its last write,
+//! and the write is `UPDATE … WHERE last_fence < $fence`: one statement, so
+//! the database checks and writes under the row's lock.
+//!
+//! The services that check fences over HTTP (a service keeping the highest
+//! fence, an object store's conditional writes) are in `fencing_http.rs`.
 //!
 //! ```sh
-//! cargo run -p moltlock --example fencing          # locks and resource in SQLite files
+//! cargo run -p moltlock --example fencing          # locks and the row in SQLite files
+//! REPORTS_URL=postgres://postgres@127.0.0.1:5432/test cargo run -p moltlock --example fencing
 //! MOLTLOCK_URL=redis://127.0.0.1:6379/ cargo run -p moltlock --features redis --example fencing
 //! ```
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
 use moltlock::Fence;
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+use sqlx::AnyPool;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The lock every writer of the `nightly` report takes.
 const KEY: &str = "reports/nightly";
 
-/// The resource: a table whose rows remember the fence of their last write.
-async fn open_reports(path: &std::path::Path) -> Result<SqlitePool, sqlx::Error> {
-    let opts = SqliteConnectOptions::new()
-        .filename(path)
-        .create_if_missing(true);
-    let pool = SqlitePool::connect_with(opts).await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS reports (
-             id TEXT PRIMARY KEY, body TEXT NOT NULL, last_fence INTEGER NOT NULL)",
-    )
-    .execute(&pool)
-    .await?;
-    sqlx::query("INSERT OR IGNORE INTO reports (id, body, last_fence) VALUES ('nightly', '', 0)")
+/// The resource: a table whose rows remember the fence of their last write
+/// (named for this run, so runs on a shared database never meet).
+struct Reports {
+    pool: AnyPool,
+    table: String,
+}
+
+impl Reports {
+    async fn open(url: &str) -> Result<Self, BoxError> {
+        sqlx::any::install_default_drivers();
+        let pool = AnyPool::connect(url).await?;
+        let table = format!("reports_{}", std::process::id());
+        sqlx::query(&format!(
+            "CREATE TABLE IF NOT EXISTS {table} (
+                 id TEXT PRIMARY KEY, body TEXT NOT NULL, last_fence BIGINT NOT NULL)"
+        ))
         .execute(&pool)
         .await?;
-    Ok(pool)
-}
-
-/// Writes the report only if no holder with a later fence wrote it first.
-/// The check and the write are one statement, so no other write can come
-/// between them. Returns whether the row was written.
-async fn write_report(pool: &SqlitePool, body: &str, fence: Fence) -> Result<bool, BoxError> {
-    // SQLite integers are signed 64-bit; every store's fences fit.
-    let fence = i64::try_from(fence.get())?;
-    let done = sqlx::query(
-        "UPDATE reports SET body = ?1, last_fence = ?2 WHERE id = 'nightly' AND last_fence < ?2",
-    )
-    .bind(body)
-    .bind(fence)
-    .execute(pool)
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-/// A service (an HTTP API, a queue consumer, …) that refuses writes from
-/// older holders: it keeps, per lock key, the highest fence it has seen.
-/// The same holder may write several times with its fence.
-#[derive(Default)]
-struct FencedService {
-    highest: Mutex<HashMap<String, u64>>,
-    stored: Mutex<Vec<String>>,
-}
-
-/// Why the service refused a write (HTTP would answer 409 Conflict).
-#[derive(Debug)]
-struct Stale {
-    fence: u64,
-    highest: u64,
-}
-
-impl std::fmt::Display for Stale {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "409 Conflict: fence {} is older than {}, the highest seen",
-            self.fence, self.highest
-        )
+        sqlx::query(&format!(
+            "INSERT INTO {table} (id, body, last_fence) VALUES ('nightly', '', 0)
+             ON CONFLICT (id) DO NOTHING"
+        ))
+        .execute(&pool)
+        .await?;
+        Ok(Self { pool, table })
     }
-}
 
-impl FencedService {
-    /// Stores `body` if `fence` is not older than the key's highest fence.
-    fn put(&self, key: &str, fence: Fence, body: &str) -> Result<(), Stale> {
-        // A poisoned lock only means another request panicked; the map is
-        // still consistent (it is updated in one assignment).
-        let mut highest = self.highest.lock().unwrap_or_else(|e| e.into_inner());
-        let seen = highest.entry(key.to_owned()).or_insert(0);
-        if fence.get() < *seen {
-            return Err(Stale {
-                fence: fence.get(),
-                highest: *seen,
-            });
-        }
-        *seen = fence.get();
-        // Still under the fence check's lock: no older holder can slip in.
-        let mut stored = self.stored.lock().unwrap_or_else(|e| e.into_inner());
-        stored.push(body.to_owned());
+    /// Writes the report only if no holder with a later fence wrote it
+    /// first. Returns whether the row was written.
+    async fn write(&self, body: &str, fence: Fence) -> Result<bool, BoxError> {
+        // Every store's fences fit a signed 64-bit column.
+        let fence = i64::try_from(fence.get())?;
+        let done = sqlx::query(&format!(
+            "UPDATE {} SET body = $1, last_fence = $2 WHERE id = 'nightly' AND last_fence < $2",
+            self.table
+        ))
+        .bind(body)
+        .bind(fence)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn body(&self) -> Result<String, BoxError> {
+        let sql = format!("SELECT body FROM {} WHERE id = 'nightly'", self.table);
+        let (body,): (String,) = sqlx::query_as(&sql).fetch_one(&self.pool).await?;
+        Ok(body)
+    }
+
+    async fn drop_table(self) -> Result<(), BoxError> {
+        sqlx::query(&format!("DROP TABLE {}", self.table))
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 }
@@ -106,9 +83,14 @@ async fn main() -> Result<(), BoxError> {
     let dir = tempfile::tempdir()?;
     let url = std::env::var("MOLTLOCK_URL")
         .unwrap_or_else(|_| format!("sqlite://{}", dir.path().join("locks.db").display()));
+    let reports_url = std::env::var("REPORTS_URL").unwrap_or_else(|_| {
+        format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("reports.db").display()
+        )
+    });
     let manager = moltlock::manager(&url).await?;
-    let reports = open_reports(&dir.path().join("reports.db")).await?;
-    let service = FencedService::default();
+    let reports = Reports::open(&reports_url).await?;
 
     // Worker A holds the lock and sends its write, which is delayed (a GC
     // pause, a slow network). Its lock ends meanwhile: here it is released,
@@ -117,29 +99,19 @@ async fn main() -> Result<(), BoxError> {
     let fence_a = a.fence();
     a.release().await?;
 
-    // Worker B takes the lock: a later fence. Its writes go through.
+    // Worker B takes the lock: a later fence. Its write goes through.
     let b = manager.lock(KEY).await?;
     let fence_b = b.fence();
-    println!("A had fence {fence_a}, B has fence {fence_b}");
-    let b_wrote = write_report(&reports, "B's report", fence_b).await?;
-    let b_put = service.put(KEY, fence_b, "B's report");
+    let b_wrote = reports.write("B's report", fence_b).await?;
     b.release().await?;
 
-    // A's delayed writes arrive last, and both resources refuse them.
-    let a_wrote = write_report(&reports, "A's stale report", fence_a).await?;
-    let a_put = service.put(KEY, fence_a, "A's stale report");
-    println!("SQL row: B written {b_wrote}, A written {a_wrote}");
-    let said = |r: &Result<(), Stale>| match r {
-        Ok(()) => "stored".to_owned(),
-        Err(stale) => stale.to_string(),
-    };
-    println!("service: B {}, A {}", said(&b_put), said(&a_put));
-
-    let (body,): (String,) = sqlx::query_as("SELECT body FROM reports WHERE id = 'nightly'")
-        .fetch_one(&reports)
-        .await?;
-    println!("the report now reads {body:?}");
-    if !(b_wrote && !a_wrote && b_put.is_ok() && a_put.is_err() && body == "B's report") {
+    // A's delayed write arrives last, and the row refuses it.
+    let a_wrote = reports.write("A's stale report", fence_a).await?;
+    let body = reports.body().await?;
+    reports.drop_table().await?;
+    println!("A had fence {fence_a}, B has fence {fence_b}");
+    println!("row: B written {b_wrote}, A written {a_wrote}; the report reads {body:?}");
+    if !(b_wrote && !a_wrote && body == "B's report") {
         return Err("a stale write was not refused".into());
     }
     Ok(())
