@@ -7,8 +7,9 @@
 //! semaphore or read-write lock shares the hash tag of its name, and so one
 //! Cluster slot. The fence of a lock key is at `<lock key>:fence` (no expiry
 //! unless a fence retention is set), its description at `<lock key>:info`,
-//! a waiter's mark at `<lock key>:wait`, and its release channel is named
-//! like the lock key.
+//! a waiter's mark at `<lock key>:wait`, its fair queue at
+//! `<lock key>:queue` and `<lock key>:alive`, and its release channel is
+//! named like the lock key.
 //!
 //! `esc` replaces `%` with `%25` and `}` with `%7D`, so the braces always
 //! enclose a non-empty hash tag; `esc_rest` also replaces `:` with `%3A`,
@@ -71,6 +72,13 @@ impl Layout {
     /// hash tag): a release publishes only while it exists.
     pub(crate) fn wait(&self, key: &LockKey) -> String {
         format!("{}:wait", self.lock(key))
+    }
+
+    /// The fair queue's places (a sorted set: token by arrival) and their
+    /// liveness (token by the deadline of its place), same hash tag.
+    pub(crate) fn queue(&self, key: &LockKey) -> (String, String) {
+        let lock = self.lock(key);
+        (format!("{lock}:queue"), format!("{lock}:alive"))
     }
 
     /// The pub/sub channel a release is announced on (channel names are a

@@ -61,6 +61,19 @@
 //!   shared by all waiters, reconnecting by itself; while it is down the
 //!   manager polls by its retry policy.
 //!
+//! # Fair queue
+//!
+//! `LockOptions::fair()` waits in the key's queue, a sorted set of places
+//! (`<lock key>:queue`, with each place's deadline in `<lock key>:alive`),
+//! served in arrival order with no barging between fair waiters. Each look
+//! is one script that renews the waiter's place and takes the key only
+//! when that place is the head and the key is free: a free key with an
+//! empty queue is taken in one round trip. Waiters look again on a release
+//! announcement and every third of their TTL; a place not renewed for a
+//! TTL (a crashed or paused waiter) is dropped by the next look, and a
+//! dropped wait leaves at once. A plain `lock()` is not queued and may take
+//! a free key ahead of the queue, as on etcd.
+//!
 //! # Fencing guarantee and its limits
 //!
 //! Each acquisition sets the fence to `max(stored fence + 1, server TIME in
@@ -123,7 +136,8 @@
 //!   one node (Cluster broadcasts `PUBLISH`), moving to the next seed when it
 //!   fails.
 //! - ACL users need `EVAL`, `EVALSHA`, `GET`, `SET`, `DEL`, `PEXPIRE`,
-//!   `PTTL`, `TIME`, `PUBLISH`, `PSUBSCRIBE`, `SCAN` (cluster: `KEYS`), the
+//!   `PTTL`, `TIME`, `PUBLISH`, `PSUBSCRIBE`, `SCAN` (cluster: `KEYS`), and
+//!   for the fair queue `ZADD`, `ZREM`, `ZRANGE`, `ZRANGEBYSCORE`, `ZSCORE`; the
 //!   key pattern `<prefix>*` and the channel pattern `<prefix>{*` *exactly*
 //!   (Redis checks `PSUBSCRIBE` patterns literally).
 
@@ -131,6 +145,7 @@ mod backend;
 mod config;
 mod conn;
 mod error;
+mod fair;
 mod features;
 mod keys;
 mod multi;

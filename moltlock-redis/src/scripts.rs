@@ -106,6 +106,85 @@ return {1, take(KEYS[1], KEYS[2], KEYS[3], ARGV[1]), 0, clock}
     ])
 });
 
+/// `KEYS`: lock, fence, info, wait mark, queue, liveness. `ARGV`: token,
+/// ttl ms, fence retention ms (0: forever), restart quarantine ms (0: off).
+/// One look at the key's fair queue (see the `fair` module): drops the
+/// entries whose waiters stopped renewing their place, puts `token` at the
+/// tail if it has no place, renews its place for `ttl`, and takes the key
+/// as [`ACQUIRE`] does only when `token` is at the head and the key is
+/// free (its place then leaves the queue). Otherwise marks the key waited
+/// for and reports the holder and its PTTL, or, when the key is free but
+/// another waiter is ahead, no holder and the ms left of the head's place
+/// (when a look may drop it).
+///
+/// Reply: as [`ACQUIRE`].
+pub(crate) static FAIR: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::compose(&[
+        r"
+local ttl, keep, q = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+",
+        TAKE,
+        r"
+local token, queue, alive = ARGV[1], KEYS[5], KEYS[6]
+local now_ms = math.floor(clock / 1000)
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', alive, '-inf', '(' .. now_ms)) do
+  redis.call('ZREM', queue, gone)
+  redis.call('ZREM', alive, gone)
+end
+if not redis.call('ZSCORE', queue, token) then
+  local place = clock
+  local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
+  if last[2] and tonumber(last[2]) >= place then
+    place = tonumber(last[2]) + 1
+  end
+  redis.call('ZADD', queue, string.format('%.0f', place), token)
+end
+redis.call('ZADD', alive, now_ms + ttl, token)
+if redis.call('PTTL', queue) < 2 * ttl then
+  redis.call('PEXPIRE', queue, 2 * ttl)
+  redis.call('PEXPIRE', alive, 2 * ttl)
+end
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local pttl = redis.call('PTTL', KEYS[1])
+  mark(KEYS[4], pttl)
+  return {0, cur, pttl, clock}
+end
+local head = redis.call('ZRANGE', queue, 0, 0)[1]
+if head ~= token then
+  mark(KEYS[4], ttl)
+  local until_ms = tonumber(redis.call('ZSCORE', alive, head)) or now_ms
+  return {0, false, math.max(until_ms - now_ms, 1), clock}
+end
+local left = quarantined()
+if left > 0 then
+  return {0, false, left, clock}
+end
+redis.call('ZREM', queue, token)
+redis.call('ZREM', alive, token)
+return {1, take(KEYS[1], KEYS[2], KEYS[3], token), 0, clock}
+",
+    ])
+});
+
+/// `KEYS`: queue, liveness. `ARGV`: token, channel. Takes `token`'s place
+/// out of the fair queue; when it was the head, announces it on the
+/// release channel so the next waiter looks at once. Reply: 1.
+pub(crate) static LEAVE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+if head == ARGV[1] then
+  redis.call('PUBLISH', ARGV[2], 'left')
+end
+return 1
+"
+        .to_owned(),
+    )
+});
+
 /// `KEYS`: lock, fence, info, wait mark for each key in turn. `ARGV`: token, ttl ms,
 /// fence retention ms (0: forever), restart quarantine ms (0: off), `all`
 /// or `any`. Each key is judged as [`ACQUIRE`] judges it. `all`: takes

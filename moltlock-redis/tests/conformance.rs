@@ -22,4 +22,4 @@ fn store() -> moltlock_conformance::Factory {
     })
 }
 
-moltlock_conformance::conformance_tests!(store(), without: [fair_queue]);
+moltlock_conformance::conformance_tests!(store());

@@ -27,6 +27,11 @@ const LOCKER_ACL: &[&str] = &[
     "+psubscribe",
     "+scan",
     "+ping",
+    "+zadd",
+    "+zrem",
+    "+zrange",
+    "+zrangebyscore",
+    "+zscore",
 ];
 
 fn acl_args() -> Vec<String> {
@@ -61,7 +66,7 @@ fn tls_store() -> moltlock_conformance::Factory {
 /// The whole suite over TLS as the restricted ACL user.
 mod conformance_over_tls_as_acl_user {
     use super::tls_store;
-    moltlock_conformance::conformance_tests!(tls_store(), without: [fair_queue]);
+    moltlock_conformance::conformance_tests!(tls_store());
 }
 
 #[tokio::test]

@@ -1,0 +1,145 @@
+//! The fair queue: a sorted set of places per key, served in arrival order.
+//!
+//! A fair waiter subscribes to the key's releases, then runs the
+//! [`FAIR`](crate::scripts::FAIR) script: it takes a place at the tail of
+//! `<lock key>:queue` (scored by the server's clock, strictly after the
+//! last place), renews its place's deadline in `<lock key>:alive` for the
+//! hold's TTL, and takes the key only when its place is the head and the
+//! key is free, in the same script — a free key with an empty queue costs
+//! one round trip, as a plain acquire does. Otherwise it waits for a
+//! release announcement (the script marks the key waited for) or a third
+//! of its TTL, whichever comes first, and looks again, which renews its
+//! place. A place whose waiter stopped looking (a crash, a pause longer
+//! than the TTL) is dropped by the next look of any waiter; a dropped wait
+//! takes its place out at once and, when it was the head, wakes the next.
+//! Fair and plain holders stay mutually exclusive because both take the
+//! same lock key with the same fences; a plain `lock()` may still overtake
+//! the queue.
+
+use std::time::Duration;
+
+use moltlock_core::{CasOutcome, Error, Fence, LockKey, ReleaseWatch, Token};
+use tokio::time::Instant;
+
+use crate::backend::{millis, outcome, RedisBackend};
+use crate::scripts::{FAIR, LEAVE};
+
+/// Pause after a retryable failure, and between looks while the release
+/// subscription is down.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// Waits in the queue of `key`, then holds it as `token`.
+pub(crate) async fn acquire(
+    backend: &RedisBackend,
+    key: &LockKey,
+    token: &Token,
+    ttl: Duration,
+) -> Result<Fence, Error> {
+    backend.check(key, ttl)?;
+    backend.check_quarantine(ttl)?;
+    let layout = &backend.inner.layout;
+    let channel = layout.channel(key);
+    let within = backend.inner.cfg.connect_timeout;
+    let mut watch = backend.notifier().await.watch(channel, within).await.ok();
+    let mut place = Place {
+        backend: backend.clone(),
+        key: key.clone(),
+        token: token.clone(),
+        left: false,
+    };
+    let period = (ttl / 3).max(Duration::from_millis(10));
+    loop {
+        let held = match look(backend, key, token, ttl).await {
+            Ok(CasOutcome::Acquired { fence }) => {
+                place.left = true;
+                return Ok(fence);
+            }
+            Ok(CasOutcome::Held(held)) => held,
+            Err(e) if e.is_retryable() => {
+                tracing::debug!(%key, error = %e, "fair queue look failed; retrying");
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        // Until the hold ends, or the head's place may be dropped.
+        let mut pause = period;
+        if let Some(left) = held.expires_in {
+            pause = pause.min(left + Duration::from_millis(1));
+        }
+        match watch.as_mut() {
+            Some(w) => {
+                tokio::select! {
+                    told = w.released(&held) => if told.is_err() { watch = None },
+                    _ = tokio::time::sleep(pause) => {}
+                }
+            }
+            None => tokio::time::sleep(pause.min(RETRY_PAUSE)).await,
+        }
+    }
+}
+
+/// One run of the fair script.
+async fn look(
+    backend: &RedisBackend,
+    key: &LockKey,
+    token: &Token,
+    ttl: Duration,
+) -> Result<CasOutcome, Error> {
+    let layout = &backend.inner.layout;
+    let (lock, fence, info, wait) = (
+        layout.lock(key),
+        layout.fence(key),
+        layout.info(key),
+        layout.wait(key),
+    );
+    let (queue, alive) = layout.queue(key);
+    let keys = [
+        lock.as_str(),
+        fence.as_str(),
+        info.as_str(),
+        wait.as_str(),
+        queue.as_str(),
+        alive.as_str(),
+    ];
+    let (ttl, keep, q) = (millis(ttl), backend.keep(), backend.quarantine());
+    let args = [token.as_str(), &ttl, &keep, &q];
+    let sent_at = Instant::now();
+    let reply: crate::backend::CasReply = backend.script(&FAIR, &keys, &args).await?;
+    backend.saw_clock(sent_at, reply.3);
+    outcome(reply)
+}
+
+/// A waiter's place; leaving the queue (on drop, unless the key was taken)
+/// is spawned on the current runtime. Should that fail or no runtime be
+/// left, the place is dropped by the next look of any waiter once its
+/// deadline (the TTL) has passed.
+struct Place {
+    backend: RedisBackend,
+    key: LockKey,
+    token: Token,
+    left: bool,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if self.left {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (backend, key, token) = (self.backend.clone(), self.key.clone(), self.token.clone());
+        handle.spawn(async move {
+            let layout = &backend.inner.layout;
+            let (queue, alive) = layout.queue(&key);
+            let channel = layout.channel(&key);
+            let left: Result<i64, Error> = backend
+                .script(&LEAVE, &[&queue, &alive], &[token.as_str(), &channel])
+                .await;
+            if let Err(e) = left {
+                tracing::debug!(error = %e, "could not leave the fair queue; the place ends with its deadline");
+            }
+        });
+    }
+}
