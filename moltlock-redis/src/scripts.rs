@@ -109,13 +109,14 @@ return {1, take(KEYS[1], KEYS[2], KEYS[3], ARGV[1]), 0, clock}
 /// `KEYS`: lock, fence, info, wait mark, queue, liveness. `ARGV`: token,
 /// ttl ms, fence retention ms (0: forever), restart quarantine ms (0: off).
 /// One look at the key's fair queue (see the `fair` module): drops the
-/// entries whose waiters stopped renewing their place, puts `token` at the
-/// tail if it has no place, renews its place for `ttl`, and takes the key
-/// as [`ACQUIRE`] does only when `token` is at the head and the key is
-/// free (its place then leaves the queue). Otherwise marks the key waited
-/// for and reports the holder and its PTTL, or, when the key is free but
-/// another waiter is ahead, no holder and the ms left of the head's place
-/// (when a look may drop it).
+/// places whose waiters stopped renewing them, then takes the key as
+/// [`ACQUIRE`] does when it is free and the queue is empty or headed by
+/// `token` (whose place then leaves the queue): a free key with an empty
+/// queue costs no place. Otherwise puts `token` at the tail if it has no
+/// place, renews its place for `ttl`, marks the key waited for, and
+/// reports the holder and its PTTL, or, when the key is free but another
+/// waiter is ahead, no holder and the ms left of the head's place (when a
+/// look may drop it).
 ///
 /// Reply: as [`ACQUIRE`].
 pub(crate) static FAIR: LazyLock<Lua> = LazyLock::new(|| {
@@ -131,6 +132,19 @@ for _, gone in ipairs(redis.call('ZRANGEBYSCORE', alive, '-inf', '(' .. now_ms))
   redis.call('ZREM', queue, gone)
   redis.call('ZREM', alive, gone)
 end
+local cur = redis.call('GET', KEYS[1])
+local head = redis.call('ZRANGE', queue, 0, 0)[1]
+if not cur and (not head or head == token) then
+  local left = quarantined()
+  if left > 0 then
+    return {0, false, left, clock}
+  end
+  if head then
+    redis.call('ZREM', queue, token)
+    redis.call('ZREM', alive, token)
+  end
+  return {1, take(KEYS[1], KEYS[2], KEYS[3], token), 0, clock}
+end
 if not redis.call('ZSCORE', queue, token) then
   local place = clock
   local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
@@ -138,31 +152,21 @@ if not redis.call('ZSCORE', queue, token) then
     place = tonumber(last[2]) + 1
   end
   redis.call('ZADD', queue, string.format('%.0f', place), token)
+  head = head or token
 end
 redis.call('ZADD', alive, now_ms + ttl, token)
 if redis.call('PTTL', queue) < 2 * ttl then
   redis.call('PEXPIRE', queue, 2 * ttl)
   redis.call('PEXPIRE', alive, 2 * ttl)
 end
-local cur = redis.call('GET', KEYS[1])
 if cur then
   local pttl = redis.call('PTTL', KEYS[1])
   mark(KEYS[4], pttl)
   return {0, cur, pttl, clock}
 end
-local head = redis.call('ZRANGE', queue, 0, 0)[1]
-if head ~= token then
-  mark(KEYS[4], ttl)
-  local until_ms = tonumber(redis.call('ZSCORE', alive, head)) or now_ms
-  return {0, false, math.max(until_ms - now_ms, 1), clock}
-end
-local left = quarantined()
-if left > 0 then
-  return {0, false, left, clock}
-end
-redis.call('ZREM', queue, token)
-redis.call('ZREM', alive, token)
-return {1, take(KEYS[1], KEYS[2], KEYS[3], token), 0, clock}
+mark(KEYS[4], ttl)
+local until_ms = tonumber(redis.call('ZSCORE', alive, head)) or now_ms
+return {0, false, math.max(until_ms - now_ms, 1), clock}
 ",
     ])
 });
