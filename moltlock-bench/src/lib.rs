@@ -16,6 +16,7 @@ pub mod floor;
 pub mod lockall;
 pub mod molt;
 pub mod peers;
+mod perstore;
 pub mod primitives;
 pub mod renewal;
 pub mod report;

@@ -143,6 +143,7 @@ pub struct Report {
     pub checks: Vec<Check>,
 }
 
+/// Microseconds in milliseconds.
 pub(crate) fn ms(us: f64) -> f64 {
     us / 1e3
 }
@@ -166,6 +167,7 @@ impl Report {
             st.sections.join(", ")
         );
         self.summary_table(&mut s);
+        crate::perstore::tables(self, &mut s);
         if st.measured("throughput") {
             self.throughput_table(&mut s);
         } else {
@@ -456,7 +458,7 @@ impl Report {
 }
 
 /// A figure, or a dash where there is none.
-fn dash(v: Option<String>) -> String {
+pub(crate) fn dash(v: Option<String>) -> String {
     v.unwrap_or_else(|| "–".to_owned())
 }
 

@@ -159,6 +159,8 @@ pub struct ContendedResult {
     pub timeouts: u64,
     /// The smallest share of acquisitions any task got.
     pub min_task_share: f64,
+    /// The largest share of acquisitions any task got.
+    pub max_task_share: f64,
     /// Hand-offs whose new holder's fence was not above the one before
     /// (must be 0; checked on every hand-off where the client has fences).
     pub fence_backwards: u64,
@@ -291,6 +293,7 @@ fn analyse(mut recs: Vec<Rec>, shared: &Shared, tasks: usize, elapsed: f64) -> C
         }
     }
     let min = per_task.iter().copied().min().unwrap_or(0);
+    let max = per_task.iter().copied().max().unwrap_or(0);
     ContendedResult {
         tasks,
         acquisitions: n,
@@ -305,6 +308,7 @@ fn analyse(mut recs: Vec<Rec>, shared: &Shared, tasks: usize, elapsed: f64) -> C
         overlaps: overlaps.max(shared.live_overlaps.load(Ordering::Relaxed)),
         timeouts: shared.timeouts.load(Ordering::Relaxed),
         min_task_share: crate::stats::ratio(min as f64, n as f64),
+        max_task_share: crate::stats::ratio(max as f64, n as f64),
         fence_backwards: backwards,
         requests_per_acquisition: None,
         waits_per_acquisition: None,

@@ -259,6 +259,9 @@ fn markdown_has_every_section() {
     for section in [
         "### Summary",
         "| sqlite | ",
+        "### sqlite (RTT p50 ",
+        "| floor (the store's recipe, raw client) | ",
+        "| moltlock, one shared manager | – | – | ",
         "### Floor, uncontended and parallel",
         "### Contended: 3 tasks on one key",
         "### Renewal at scale",

@@ -1,0 +1,69 @@
+//! One table per store: the floor, MoltLock in each waiting mode and the
+//! peers on that store, side by side.
+
+use std::fmt::Write as _;
+
+use crate::report::{dash, ms, BackendReport, Report};
+use crate::stats::ratio;
+use crate::workload::{ContendedResult, LoopResult};
+
+/// Writes a table per measured store.
+pub(crate) fn tables(r: &Report, s: &mut String) {
+    let n = r.settings.parallel_tasks;
+    for b in r.backends.iter().filter(|b| b.error.is_none()) {
+        let _ = writeln!(
+            s,
+            "### {} (RTT p50 {:.0} µs)\n\n\
+             | lock | 1 task /s (÷ floor) | {n} tasks /s (÷ floor) | contended acq/s | requests / acq | hand-off p50 ms (÷ RTT) | hand-off p99 ms (÷ RTT) | releaser re-won | task share min / max |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            b.store, b.rtt.p50_us
+        );
+        let floor = (Some(&b.floor), Some(&b.floor_parallel));
+        row(s, b, "floor (the store's recipe, raw client)", floor, None);
+        let mine = (Some(&b.uncontended), Some(&b.parallel));
+        let contended = b.contended.as_ref();
+        row(s, b, "moltlock, a manager per task", mine, contended);
+        let shared = b.contended_shared.as_ref();
+        row(s, b, "moltlock, one shared manager", (None, None), shared);
+        if let Some(fair) = &b.contended_fair {
+            row(s, b, "moltlock fair", (None, None), Some(fair));
+        }
+        for p in r.peers.iter().filter(|p| p.store == b.store) {
+            let loops = (Some(&p.uncontended), None);
+            row(s, b, &p.name, loops, p.contended.as_ref());
+        }
+        s.push('\n');
+    }
+}
+
+/// One line: loops (1 task, many tasks) against the floor, and a
+/// contended run.
+fn row(
+    s: &mut String,
+    b: &BackendReport,
+    name: &str,
+    (one, many): (Option<&LoopResult>, Option<&LoopResult>),
+    c: Option<&ContendedResult>,
+) {
+    let per_sec = |l: Option<&LoopResult>, floor: &LoopResult| {
+        l.filter(|l| l.cycles > 0)
+            .map(|l| format!("{:.0} ({:.2})", l.per_sec, ratio(l.per_sec, floor.per_sec)))
+    };
+    let rtts = |us: f64| format!("{:.2} ({:.1})", ms(us), ratio(us, b.rtt.p50_us));
+    let _ = writeln!(
+        s,
+        "| {name} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        dash(per_sec(one, &b.floor)),
+        dash(per_sec(many, &b.floor_parallel)),
+        dash(c.map(|c| format!("{:.0}", c.per_sec))),
+        dash(c.and_then(|c| c.requests_per_acquisition.map(|v| format!("{v:.2}")))),
+        dash(c.map(|c| rtts(c.handoff.p50_us))),
+        dash(c.map(|c| rtts(c.handoff.p99_us))),
+        dash(c.map(|c| format!("{:.0} %", c.releaser_won * 100.0))),
+        dash(c.map(|c| format!(
+            "{:.1} / {:.1} %",
+            c.min_task_share * 100.0,
+            c.max_task_share * 100.0
+        ))),
+    );
+}
