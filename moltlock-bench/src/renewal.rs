@@ -40,7 +40,7 @@ pub struct RenewalResult {
     pub other_requests_per_interval: f64,
     /// The store's own request counter per interval, where read: etcd gRPC
     /// Txn + Range + LeaseTimeToLive + keep-alive messages; Redis commands (shared server);
-    /// Postgres committed transactions in the database (shared server).
+    /// Postgres statements the manager sent (each of its requests is one).
     pub store_ops_per_interval: Option<f64>,
     /// Client CPU time per interval, in milliseconds.
     pub cpu_ms_per_interval: f64,
@@ -95,7 +95,11 @@ pub async fn renewal(
         rounds_per_interval: (c1.renew_many - c0.renew_many) as f64 / n,
         renewed_per_interval: (c1.renew_items - c0.renew_items) as f64 / n,
         other_requests_per_interval: (c1.cas - c0.cas) as f64 / n,
-        store_ops_per_interval: s0.zip(s1).map(|(a, b)| b.saturating_sub(a) as f64 / n),
+        store_ops_per_interval: match t.store {
+            // Every request of the Postgres backend is one statement.
+            Store::Postgres => Some(c1.requests().saturating_sub(c0.requests()) as f64 / n),
+            _ => s0.zip(s1).map(|(a, b)| b.saturating_sub(a) as f64 / n),
+        },
         cpu_ms_per_interval: cpu2.saturating_sub(cpu1).as_secs_f64() * 1e3 / n,
         bytes_per_lock: rss1.saturating_sub(rss0) as f64 / locks.max(1) as f64,
         lost,
@@ -157,7 +161,8 @@ async fn release_all(guards: Vec<LockGuard>, tasks: usize) -> Result<(), String>
     Ok(())
 }
 
-/// The store's own request counter, where it has one we can read.
+/// The store's own request counter, where it has one we can read (etcd,
+/// Redis; Postgres statements are counted by the wrapper instead).
 async fn store_ops(t: &Target, floor: &Floor) -> Option<u64> {
     match (t.store, floor) {
         (Store::Etcd, _) => {
@@ -172,11 +177,6 @@ async fn store_ops(t: &Target, floor: &Floor) -> Option<u64> {
                 .await
                 .ok()?;
             Some(redis_calls(&info))
-        }
-        (Store::Postgres, Floor::Postgres { pool, .. }) => {
-            let sql = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
-            let n: i64 = sqlx::query_scalar(sql).fetch_one(pool).await.ok()?;
-            u64::try_from(n).ok()
         }
         _ => None,
     }
