@@ -9,43 +9,62 @@ use moltlock_core::{
 
 use tokio::time::Instant;
 
-use crate::backend::{expires_in, millis, CasReply, RedisBackend, LIMITS};
+use crate::backend::{expires_in, millis, RedisBackend, LIMITS};
 use crate::config::Mode;
-use crate::scripts::{self, DESCRIBE, INSPECT, RAISE, SWAP};
+use crate::scripts::{self, DESCRIBE, INSPECT, RAISE, RENEW_MANY};
+
+/// The most holds one renewal script renews.
+const RENEW_CHUNK: usize = 1000;
 
 impl RedisBackend {
-    /// Renews in one pipelined round trip (single server).
+    /// Renews in one pipelined round trip (single server): one script per
+    /// [`RENEW_CHUNK`] holds, so the server never runs one script for long.
     async fn renew_pipelined(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
         let layout = &self.inner.layout;
-        let keys: Vec<(String, String, String, String)> = items
-            .iter()
-            .map(|i| {
-                let k = &i.key;
-                (
-                    layout.lock(k),
-                    layout.fence(k),
-                    layout.info(k),
-                    millis(i.ttl),
-                )
+        let chunks: Vec<(Vec<String>, Vec<String>)> = items
+            .chunks(RENEW_CHUNK)
+            .map(|chunk| {
+                let mut keys = Vec::with_capacity(chunk.len() * 3);
+                let mut args = vec![self.keep()];
+                for i in chunk {
+                    keys.extend([
+                        layout.lock(&i.key),
+                        layout.info(&i.key),
+                        layout.fence(&i.key),
+                    ]);
+                    args.extend([i.token.as_str().to_owned(), millis(i.ttl)]);
+                }
+                (keys, args)
             })
             .collect();
-        let keep = self.keep();
         let build = |by_source: bool| {
             let mut pipe = redis::pipe();
-            for (item, (lock, fence, info, ttl)) in items.iter().zip(&keys) {
-                let token = item.token.as_str();
-                let args = [token, token, ttl, &keep];
-                pipe.add_command(SWAP.cmd(by_source, &[lock, fence, info], &args));
+            for (keys, args) in &chunks {
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                pipe.add_command(RENEW_MANY.cmd(by_source, &keys, &args));
             }
             pipe
         };
         let mut conn = self.inner.conn.clone();
         let sent_at = Instant::now();
-        let replies: Vec<CasReply> = self.timed(scripts::run_pipeline(&mut conn, build)).await?;
-        if let Some(&(_, _, _, clock)) = replies.first() {
+        let replies: Vec<(i64, Vec<i64>)> =
+            self.timed(scripts::run_pipeline(&mut conn, build)).await?;
+        if let Some(&(clock, _)) = replies.first() {
             self.saw_clock(sent_at, clock);
         }
-        Ok(replies.into_iter().map(|(ok, _, _, _)| ok == 1).collect())
+        let done: Vec<bool> = replies
+            .into_iter()
+            .flat_map(|(_, done)| done.into_iter().map(|d| d == 1))
+            .collect();
+        if done.len() != items.len() {
+            return Err(crate::error::bad_reply(format!(
+                "{} renewal answers for {} holds",
+                done.len(),
+                items.len()
+            )));
+        }
+        Ok(done)
     }
 
     /// Renews concurrently, one script per hold (cluster: holds live on

@@ -49,7 +49,9 @@
 //! - scripts go as `EVALSHA`, repeated as `EVAL` when the script cache was
 //!   flushed (`NOSCRIPT`);
 //! - `renew_many` renews all holds of a manager in one pipelined round trip
-//!   (in Cluster mode: one script per hold, all in flight at once);
+//!   of one script per 1,000 holds, three commands per hold (a compare
+//!   `GET` and two `PEXPIRE`s; in Cluster mode: one script per hold, all in
+//!   flight at once);
 //! - `cas_multi` (all of several keys, or the first free one) is one script,
 //!   one round trip, judging each key as the acquire script does; in
 //!   Cluster mode keys that do not share one hash tag are taken one `cas` at

@@ -290,6 +290,42 @@ return 0
     )
 });
 
+/// `KEYS`: lock, info, fence for each hold in turn. `ARGV`: fence
+/// retention ms (0: forever), then token and ttl ms for each hold. Renews
+/// every hold whose lock key `token` still holds (compare-and-`PEXPIRE`
+/// of the lock and its description, and of the fence key when it has a
+/// retention), as [`SWAP`] renews one, without creating a key that is gone:
+/// three commands per hold and one `TIME` per call.
+///
+/// Reply: `{clock, {1 or 0 for each hold}}`, `clock` the server's `TIME`
+/// in µs.
+pub(crate) static RENEW_MANY: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local keep = tonumber(ARGV[1])
+local now_t = redis.call('TIME')
+local clock = tonumber(now_t[1]) * 1000000 + tonumber(now_t[2])
+local done = {}
+for i = 1, #KEYS, 3 do
+  local n = (i - 1) / 3
+  local ttl = tonumber(ARGV[3 + 2 * n])
+  if redis.call('GET', KEYS[i]) == ARGV[2 + 2 * n] then
+    redis.call('PEXPIRE', KEYS[i], ttl)
+    redis.call('PEXPIRE', KEYS[i + 1], ttl)
+    if keep > 0 then
+      redis.call('PEXPIRE', KEYS[i + 2], math.max(keep, ttl))
+    end
+    done[#done + 1] = 1
+  else
+    done[#done + 1] = 0
+  end
+end
+return {clock, done}
+"
+        .to_owned(),
+    )
+});
+
 /// `KEYS`: fence. `ARGV`: minimum. Lifts the stored fence to `minimum` when it
 /// is lower, keeping any expiry it has; later fences exceed it. Reply: 1.
 pub(crate) static RAISE: LazyLock<Lua> = LazyLock::new(|| {
