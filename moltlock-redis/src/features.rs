@@ -121,18 +121,27 @@ impl Watch for RedisBackend {
     }
 }
 
-#[async_trait]
-impl Inspect for RedisBackend {
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+impl RedisBackend {
+    /// The holder of `key`; `mark`: also mark a held key waited for, so its
+    /// release is announced (see the crate docs).
+    async fn inspect_marking(
+        &self,
+        key: &LockKey,
+        mark: bool,
+    ) -> Result<Option<HolderInfo>, Error> {
         key.check_len(LIMITS.max_key_len)?;
         let layout = &self.inner.layout;
         let (lock, fence, info) = (layout.lock(key), layout.fence(key), layout.info(key));
+        let wait = layout.wait(key);
+        let flag = if mark { "1" } else { "0" };
         let (holder, fence, pttl, description): (
             Option<String>,
             Option<String>,
             i64,
             Option<String>,
-        ) = self.script(&INSPECT, &[&lock, &fence, &info], &[]).await?;
+        ) = self
+            .script(&INSPECT, &[&lock, &fence, &info, &wait], &[flag])
+            .await?;
         let Some(holder) = holder else {
             return Ok(None);
         };
@@ -143,6 +152,16 @@ impl Inspect for RedisBackend {
             expires_in: expires_in(pttl),
             description,
         }))
+    }
+}
+
+#[async_trait]
+impl Inspect for RedisBackend {
+    /// Also marks a held key waited for, as a failed acquire does: callers
+    /// that inspect and then wait for the release (an election's
+    /// observers, a cross-slot `cas_multi`) hear it.
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        self.inspect_marking(key, true).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<HolderInfo>, Error> {
@@ -157,7 +176,7 @@ impl Inspect for RedisBackend {
             if !key.as_str().starts_with(prefix) {
                 continue;
             }
-            if let Some(info) = self.inspect(&key).await? {
+            if let Some(info) = self.inspect_marking(&key, false).await? {
                 out.push(info);
             }
         }

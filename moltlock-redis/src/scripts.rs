@@ -109,14 +109,16 @@ return {1, take(KEYS[1], KEYS[2], KEYS[3], ARGV[1]), 0, clock}
 /// `KEYS`: lock, fence, info, wait mark, queue, liveness. `ARGV`: token,
 /// ttl ms, fence retention ms (0: forever), restart quarantine ms (0: off).
 /// One look at the key's fair queue (see the `fair` module): drops the
-/// places whose waiters stopped renewing them, then takes the key as
-/// [`ACQUIRE`] does when it is free and the queue is empty or headed by
-/// `token` (whose place then leaves the queue): a free key with an empty
-/// queue costs no place. Otherwise puts `token` at the tail if it has no
-/// place, renews its place for `ttl`, marks the key waited for, and
-/// reports the holder and its PTTL, or, when the key is free but another
-/// waiter is ahead, no holder and the ms left of the head's place (when a
-/// look may drop it).
+/// places whose waiters stopped renewing them; reports the key taken (with
+/// its fence) when `token` already holds it (an earlier look whose reply
+/// was lost took it); takes the key as [`ACQUIRE`] does when it is free and
+/// the queue is empty or headed by `token` (whose place then leaves the
+/// queue): a free key with an empty queue costs no place. Otherwise puts
+/// `token` at the tail if it has no place, renews its place for `ttl` (at
+/// least 500 ms, longer than a look's period), and reports the rest of the
+/// restart quarantine, or marks the key waited for and reports the holder
+/// and its PTTL, or, when the key is free but another waiter is ahead, no
+/// holder and the ms left of the head's place (when a look may drop it).
 ///
 /// Reply: as [`ACQUIRE`].
 pub(crate) static FAIR: LazyLock<Lua> = LazyLock::new(|| {
@@ -133,17 +135,22 @@ for _, gone in ipairs(redis.call('ZRANGEBYSCORE', alive, '-inf', '(' .. now_ms))
   redis.call('ZREM', alive, gone)
 end
 local cur = redis.call('GET', KEYS[1])
+if cur == token then
+  redis.call('ZREM', queue, token)
+  redis.call('ZREM', alive, token)
+  return {1, redis.call('GET', KEYS[2]) or '0', 0, clock}
+end
 local head = redis.call('ZRANGE', queue, 0, 0)[1]
+local left = 0
 if not cur and (not head or head == token) then
-  local left = quarantined()
-  if left > 0 then
-    return {0, false, left, clock}
+  left = quarantined()
+  if left == 0 then
+    if head then
+      redis.call('ZREM', queue, token)
+      redis.call('ZREM', alive, token)
+    end
+    return {1, take(KEYS[1], KEYS[2], KEYS[3], token), 0, clock}
   end
-  if head then
-    redis.call('ZREM', queue, token)
-    redis.call('ZREM', alive, token)
-  end
-  return {1, take(KEYS[1], KEYS[2], KEYS[3], token), 0, clock}
 end
 if not redis.call('ZSCORE', queue, token) then
   local place = clock
@@ -154,7 +161,7 @@ if not redis.call('ZSCORE', queue, token) then
   redis.call('ZADD', queue, string.format('%.0f', place), token)
   head = head or token
 end
-redis.call('ZADD', alive, now_ms + ttl, token)
+redis.call('ZADD', alive, now_ms + math.max(ttl, 500), token)
 if redis.call('PTTL', queue) < 2 * ttl then
   redis.call('PEXPIRE', queue, 2 * ttl)
   redis.call('PEXPIRE', alive, 2 * ttl)
@@ -163,6 +170,9 @@ if cur then
   local pttl = redis.call('PTTL', KEYS[1])
   mark(KEYS[4], pttl)
   return {0, cur, pttl, clock}
+end
+if left > 0 then
+  return {0, false, left, clock}
 end
 mark(KEYS[4], ttl)
 local until_ms = tonumber(redis.call('ZSCORE', alive, head)) or now_ms
@@ -342,8 +352,10 @@ return 1
     )
 });
 
-/// `KEYS`: lock, fence, info. Reply: `{holder, fence, pttl, description}`
-/// (nils when free).
+/// `KEYS`: lock, fence, info, wait mark. `ARGV`: `1` to mark a held key
+/// waited for as a failed acquire does (see [`TAKE`]: whoever inspects to
+/// then wait, as an election's observer does, hears the release), `0` not
+/// to. Reply: `{holder, fence, pttl, description}` (nils when free).
 pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
@@ -351,7 +363,11 @@ local cur = redis.call('GET', KEYS[1])
 if not cur then
   return {false, false, -2, false}
 end
-return {cur, redis.call('GET', KEYS[2]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[3])}
+local pttl = redis.call('PTTL', KEYS[1])
+if ARGV[1] == '1' then
+  redis.call('SET', KEYS[4], '1', 'PX', math.max(pttl, 0) + 5000)
+end
+return {cur, redis.call('GET', KEYS[2]), pttl, redis.call('GET', KEYS[3])}
 "
         .to_owned(),
     )

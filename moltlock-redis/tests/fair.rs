@@ -49,3 +49,102 @@ async fn a_crashed_fair_waiter_is_passed_after_its_ttl() -> Result<(), Box<dyn s
     assert!(backend.delete(&key, &token).await?);
     Ok(())
 }
+
+/// A fair waiter whose token already holds the key (an earlier look took it
+/// and its reply was lost) is told it holds it, with its fence, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_that_finds_its_own_hold_takes_it() -> Result<(), Box<dyn std::error::Error>> {
+    let server = fx::redis()?;
+    let cfg = RedisConfig::from_url(&server.url())?
+        .key_prefix(fx::unique_prefix())
+        .fence_retention(Duration::from_secs(60));
+    let backend = RedisBackend::connect(cfg).await?;
+    let key = LockKey::new("fair/own")?;
+    let token = Token::random();
+    let ttl = Duration::from_secs(30);
+    let moltlock_core::CasOutcome::Acquired { fence } =
+        backend.cas(&key, None, &token, ttl).await?
+    else {
+        return Err("a free key was not taken".into());
+    };
+    let queue = backend.fair_queue().ok_or("no fair queue")?;
+    let again = tokio::time::timeout(Duration::from_secs(2), queue.acquire(&key, &token, ttl))
+        .await
+        .map_err(|_| "the waiter waited behind its own hold")??;
+    assert_eq!(again, fence);
+    assert!(backend.delete(&key, &token).await?);
+    Ok(())
+}
+
+/// Fair waiters that arrive during the restart quarantine keep their
+/// places: they are served in arrival order once it has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arrival_order_holds_through_the_restart_quarantine(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let server = fx::start_owned()?;
+    let url = server.url_with_quarantine(Duration::from_secs(3));
+    let backend = RedisBackend::connect(RedisConfig::from_url(&url)?).await?;
+    let key = LockKey::new("fair/quarantine")?;
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (name, ttl) in [("first", 3_000), ("second", 300)] {
+        let (b, k, order) = (backend.clone(), key.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let token = Token::random();
+            let queue = b.fair_queue().ok_or("no fair queue")?;
+            queue
+                .acquire(&k, &token, Duration::from_millis(ttl))
+                .await
+                .map_err(|e| e.to_string())?;
+            order.lock().map_err(|e| e.to_string())?.push(name);
+            b.delete(&k, &token).await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(())
+        }));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(10), t).await???;
+    }
+    let order = order.lock().map_err(|e| e.to_string())?.clone();
+    assert_eq!(order, vec!["first", "second"]);
+    Ok(())
+}
+
+/// With the shortest TTL a place still outlives the waiter's looks: two
+/// fair waiters of 10 ms behind a hold are served in arrival order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn places_of_the_shortest_ttl_keep_their_order() -> Result<(), Box<dyn std::error::Error>> {
+    let server = fx::redis()?;
+    let cfg = RedisConfig::from_url(&server.url())?
+        .key_prefix(fx::unique_prefix())
+        .fence_retention(Duration::from_secs(60));
+    let backend = RedisBackend::connect(cfg).await?;
+    let key = LockKey::new("fair/short")?;
+    let holder = Token::random();
+    backend
+        .cas(&key, None, &holder, Duration::from_secs(10))
+        .await?;
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for name in ["first", "second"] {
+        let (b, k, order) = (backend.clone(), key.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let queue = b.fair_queue().ok_or("no fair queue")?;
+            queue
+                .acquire(&k, &Token::random(), moltlock_redis::MIN_TTL)
+                .await
+                .map_err(|e| e.to_string())?;
+            order.lock().map_err(|e| e.to_string())?.push(name);
+            Ok::<_, String>(())
+        }));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(backend.delete(&key, &holder).await?);
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(5), t).await???;
+    }
+    let order = order.lock().map_err(|e| e.to_string())?.clone();
+    assert_eq!(order, vec!["first", "second"]);
+    Ok(())
+}

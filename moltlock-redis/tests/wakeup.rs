@@ -104,3 +104,39 @@ async fn releases_publish_only_when_someone_waits() -> Result<(), Box<dyn std::e
     next.release().await?;
     Ok(())
 }
+
+/// Whoever inspects a held key and then waits on its release watch (an
+/// election's observer does) is told of the release, though it never tried
+/// to take the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inspecting_watcher_hears_the_release() -> Result<(), Box<dyn std::error::Error>> {
+    use moltlock_core::{Backend, Held, Inspect, LockKey, Token, Watch};
+
+    let server = fx::redis()?;
+    let cfg = RedisConfig::from_url(&server.url())?
+        .key_prefix(fx::unique_prefix())
+        .fence_retention(Duration::from_secs(60));
+    let backend = RedisBackend::connect(cfg).await?;
+    let key = LockKey::new("observed")?;
+    let holder = Token::random();
+    backend
+        .cas(&key, None, &holder, Duration::from_secs(30))
+        .await?;
+    let mut watch = Watch::watch(&backend, &key).await?;
+    let info = Inspect::inspect(&backend, &key).await?.ok_or("no holder")?;
+    let held = Held {
+        holder: Some(info.holder),
+        expires_in: info.expires_in,
+        revision: None,
+    };
+    let b = backend.clone();
+    let k = key.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        b.delete(&k, &holder).await
+    });
+    tokio::time::timeout(Duration::from_secs(3), watch.released(&held))
+        .await
+        .map_err(|_| "the release was not announced to an inspecting watcher")??;
+    Ok(())
+}

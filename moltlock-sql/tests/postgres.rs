@@ -410,16 +410,45 @@ async fn a_backend_on_the_applications_pool_leaves_it_usable() {
     assert!(g.is_held());
     g.release().await.unwrap();
     // The application's pool still serves the application: it drops the table.
+    drop_lock_table(&pool, &table).await;
+    assert!(!pool.is_closed());
+}
+
+/// Drops a test's lock table and its fence sequence.
+async fn drop_lock_table(pool: &sqlx::PgPool, table: &str) {
     for drop in [
         format!("TABLE \"{table}\""),
         format!("SEQUENCE \"{table}_fence\""),
     ] {
-        sqlx::query(&format!("DROP {drop}"))
-            .execute(&pool)
-            .await
-            .unwrap();
+        if let Err(e) = sqlx::query(&format!("DROP {drop}")).execute(pool).await {
+            panic!("dropping {drop}: {e}");
+        }
     }
-    assert!(!pool.is_closed());
+}
+
+/// A pool, a fresh table name and a listener on its release channel.
+async fn notify_case(name: &str) -> (sqlx::PgPool, String, sqlx::postgres::PgListener) {
+    let url = shared();
+    let table = format!("{name}_{}", uuid_suffix());
+    let opened = async {
+        let pool = sqlx::PgPool::connect(&url).await?;
+        let mut listener = sqlx::postgres::PgListener::connect(&url).await?;
+        listener.listen(&format!("moltlock_{table}")).await?;
+        Ok::<_, sqlx::Error>((pool, listener))
+    };
+    match opened.await {
+        Ok((pool, listener)) => (pool, table, listener),
+        Err(e) => panic!("connecting to {url}: {e}"),
+    }
+}
+
+/// A manager whose retry policy would not look again for a minute: only a
+/// notification (or the hold's expiry) wakes it.
+fn slow_waiter(backend: PostgresBackend) -> LockManager {
+    LockManager::builder(backend)
+        .retry(moltlock_core::RetryPolicy::Fixed(Duration::from_secs(60)))
+        .build()
+        .unwrap_or_else(|e| panic!("a manager: {e}"))
 }
 
 /// The payloads of the notifications `listener` receives within `within`.
@@ -436,20 +465,13 @@ async fn heard(listener: &mut sqlx::postgres::PgListener, within: Duration) -> V
 /// marked: the release of a hold renewed all along still notifies.
 #[tokio::test]
 async fn a_long_wait_keeps_its_mark() {
-    let url = shared();
-    let pool = sqlx::PgPool::connect(&url).await.unwrap();
-    let table = format!("notify_long_{}", uuid_suffix());
+    let (pool, table, mut listener) = notify_case("notify_long").await;
     let open = || PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&table));
     let holder = LockManager::builder(open().await.unwrap())
         .ttl(Duration::from_secs(30))
         .build()
         .unwrap();
-    let waiter = LockManager::builder(open().await.unwrap())
-        .retry(moltlock_core::RetryPolicy::Fixed(Duration::from_secs(60)))
-        .build()
-        .unwrap();
-    let mut listener = sqlx::postgres::PgListener::connect(&url).await.unwrap();
-    listener.listen(&format!("moltlock_{table}")).await.unwrap();
+    let waiter = slow_waiter(open().await.unwrap());
     let held = holder.lock("long").await.unwrap();
     let task = tokio::spawn(async move { waiter.lock("long").await.map(|g| (g, waiter)) });
     tokio::time::sleep(Duration::from_secs(12)).await; // past the first mark
@@ -466,15 +488,7 @@ async fn a_long_wait_keeps_its_mark() {
         "no notification: {told:?}"
     );
     next.release().await.unwrap();
-    for drop in [
-        format!("TABLE \"{table}\""),
-        format!("SEQUENCE \"{table}_fence\""),
-    ] {
-        sqlx::query(&format!("DROP {drop}"))
-            .execute(&pool)
-            .await
-            .unwrap();
-    }
+    drop_lock_table(&pool, &table).await;
 }
 
 /// A release notifies only when a waiter marked its key: a release nobody
@@ -482,17 +496,10 @@ async fn a_long_wait_keeps_its_mark() {
 /// whose retry policy would not look for a minute is woken by the release.
 #[tokio::test]
 async fn a_release_notifies_only_when_a_waiter_marked_the_key() {
-    let url = shared();
-    let pool = sqlx::PgPool::connect(&url).await.unwrap();
-    let table = format!("notify_{}", uuid_suffix());
+    let (pool, table, mut listener) = notify_case("notify").await;
     let open = || PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&table));
     let holder = LockManager::new(open().await.unwrap());
-    let waiter = LockManager::builder(open().await.unwrap())
-        .retry(moltlock_core::RetryPolicy::Fixed(Duration::from_secs(60)))
-        .build()
-        .unwrap();
-    let mut listener = sqlx::postgres::PgListener::connect(&url).await.unwrap();
-    listener.listen(&format!("moltlock_{table}")).await.unwrap();
+    let waiter = slow_waiter(open().await.unwrap());
 
     let alone = holder.lock("alone").await.unwrap();
     alone.release().await.unwrap();
@@ -521,13 +528,5 @@ async fn a_release_notifies_only_when_a_waiter_marked_the_key() {
     );
     next.release().await.unwrap();
 
-    for drop in [
-        format!("TABLE \"{table}\""),
-        format!("SEQUENCE \"{table}_fence\""),
-    ] {
-        sqlx::query(&format!("DROP {drop}"))
-            .execute(&pool)
-            .await
-            .unwrap();
-    }
+    drop_lock_table(&pool, &table).await;
 }
