@@ -5,9 +5,10 @@
 //! a per-key generation counter (a `tokio::sync::watch`) on each message. A
 //! waiter registers a receiver for its key *before* its acquire attempt, so
 //! a release published between the attempt and the wait bumps a counter it
-//! already watches and is never missed. While the connection is down every
-//! waiter's `released()` errors (the manager then polls); after it comes back
-//! every key is bumped once, since releases may have been missed meanwhile.
+//! already watches and is never missed. When the connection drops, and again
+//! when it comes back, every key is bumped once (releases may have been
+//! missed meanwhile); in between a waiter's `released()` waits for the
+//! reconnection and the manager's own timer polls.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -96,7 +97,6 @@ impl Notifier {
             shared: self.shared.clone(),
             channel,
             rx,
-            up: self.shared.up.subscribe(),
         };
         let mut up = self.shared.up.subscribe();
         let live = matches!(
@@ -175,19 +175,20 @@ pub(crate) struct KeyWatch {
     shared: Arc<Shared>,
     channel: String,
     rx: watch::Receiver<u64>,
-    up: watch::Receiver<Option<bool>>,
 }
 
+/// A wait outlives a dropped subscription: the drop and the reconnection
+/// each wake every waiter (a release may have gone unheard meanwhile), and
+/// while the subscription is down a wait lasts until it is back, the
+/// manager's own timer looking again meanwhile. So a waiter that waited
+/// across a drop hears the releases after the reconnection.
 #[async_trait]
 impl ReleaseWatch for KeyWatch {
     async fn released(&mut self, _held: &Held) -> Result<(), Error> {
-        if *self.up.borrow() != Some(true) {
-            return Err(Error::unavailable(NAME, "release notifications are down"));
-        }
-        tokio::select! {
-            r = self.rx.changed() => r.map_err(|_| Error::unavailable(NAME, "release notifications stopped")),
-            _ = self.up.wait_for(|u| *u != Some(true)) => Err(Error::unavailable(NAME, "release notifications are down")),
-        }
+        self.rx
+            .changed()
+            .await
+            .map_err(|_| Error::unavailable(NAME, "release notifications stopped"))
     }
 }
 

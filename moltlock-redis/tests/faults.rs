@@ -238,6 +238,47 @@ async fn pubsub_reconnects_after_being_dropped() -> TestResult {
     Ok(())
 }
 
+/// A waiter that waits across a drop of the pub/sub connection hears the
+/// release that comes after the reconnection, though its retry policy
+/// would not look for 30 s and the hold is renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_across_a_pubsub_drop_hears_the_release() -> TestResult {
+    let redis = fx::start_owned()?;
+    let backend = RedisBackend::from_url(&redis.url()).await?;
+    let holder = LockManager::builder(backend.clone())
+        .ttl(Duration::from_secs(30))
+        .build()?;
+    let waiter = LockManager::builder(backend)
+        .retry(moltlock_core::RetryPolicy::Fixed(Duration::from_secs(30)))
+        .build()?;
+    let g = holder.lock("drop/k").await?;
+    let w = tokio::spawn(async move {
+        let g = waiter.lock("drop/k").await?;
+        Ok::<_, Error>((Instant::now(), g))
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let client = redis::Client::open(redis.raw_url())?;
+    let mut raw = client.get_multiplexed_async_connection().await?;
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut raw)
+        .await?;
+    assert_eq!(killed, 1, "one pub/sub connection per backend");
+    tokio::time::sleep(Duration::from_millis(1_500)).await; // reconnected
+    let released = Instant::now();
+    g.release().await?;
+    let (acquired, g) = tokio::time::timeout(Duration::from_secs(10), w).await???;
+    assert!(
+        acquired - released < Duration::from_secs(1),
+        "the waiter took {:?} after the release",
+        acquired - released
+    );
+    g.release().await?;
+    Ok(())
+}
+
 fn quarantined(url: &str, quarantine: Duration) -> Result<RedisConfig, Error> {
     Ok(RedisConfig::from_url(url)?
         .connect_timeout(Duration::from_millis(500))
