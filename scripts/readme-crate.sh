@@ -3,8 +3,9 @@
 # and runs it. Each ```rust block goes into the crate made of the nearest
 # ```toml block above it that names `moltlock` or `moltlock-core`: those
 # dependency lines exactly, with the version of our own crates pointed at
-# this checkout (the only edit). The examples use SQLite files, and Redis or
-# Postgres where MOLTLOCK_REDIS_URL / MOLTLOCK_POSTGRES_URL name one.
+# this checkout (the only edit). The examples use SQLite files, and Redis,
+# Postgres or etcd where MOLTLOCK_REDIS_URL / MOLTLOCK_POSTGRES_URL /
+# MOLTLOCK_ETCD_URL name one (scripts/test.sh starts an etcd for them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD

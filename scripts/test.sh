@@ -61,4 +61,21 @@ cargo test -p moltlock --test connect "$@"
 # The guides' examples run as the guides say, and the README's examples
 # run pasted into fresh crates with the README's dependency lines.
 bash scripts/examples.sh
-bash scripts/readme-crate.sh
+if [ -n "${MOLTLOCK_ETCD_URL:-}" ]; then
+  bash scripts/readme-crate.sh
+else
+  # A private etcd for the README's etcd example, stopped afterwards.
+  for port in $(seq 23900 2 23998); do
+    port_open "$port" || port_open $((port + 1)) || break
+  done
+  etcd_dir=$(mktemp -d)
+  peer="http://127.0.0.1:$((port + 1))"
+  etcd --data-dir "$etcd_dir/data" --name readme \
+    --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
+    --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
+    --initial-cluster "readme=$peer" >"$etcd_dir/log" 2>&1 &
+  etcd_pid=$!
+  trap 'kill "$etcd_pid" 2>/dev/null; wait "$etcd_pid" 2>/dev/null; rm -rf "$etcd_dir"' EXIT
+  for _ in $(seq 100); do port_open "$port" && break; sleep 0.1; done
+  MOLTLOCK_ETCD_URL="etcd://127.0.0.1:$port" bash scripts/readme-crate.sh
+fi
