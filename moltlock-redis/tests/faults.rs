@@ -210,15 +210,11 @@ async fn pubsub_reconnects_after_being_dropped() -> TestResult {
     g.release().await?;
     w.await??.release().await?;
     // The server drops every pub/sub client.
-    let client = redis::Client::open(redis.raw_url())?;
-    let mut raw = client.get_multiplexed_async_connection().await?;
-    let killed: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("pubsub")
-        .query_async(&mut raw)
-        .await?;
-    assert_eq!(killed, 1, "one pub/sub connection per backend");
+    assert_eq!(
+        kill_pubsub(&redis).await?,
+        1,
+        "one pub/sub connection per backend"
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     let g = holder.lock("pubsub/k").await?;
     let w = tokio::spawn(async move {
@@ -257,15 +253,11 @@ async fn a_wait_across_a_pubsub_drop_hears_the_release() -> TestResult {
         Ok::<_, Error>((Instant::now(), g))
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let client = redis::Client::open(redis.raw_url())?;
-    let mut raw = client.get_multiplexed_async_connection().await?;
-    let killed: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("pubsub")
-        .query_async(&mut raw)
-        .await?;
-    assert_eq!(killed, 1, "one pub/sub connection per backend");
+    assert_eq!(
+        kill_pubsub(&redis).await?,
+        1,
+        "one pub/sub connection per backend"
+    );
     tokio::time::sleep(Duration::from_millis(1_500)).await; // reconnected
     let released = Instant::now();
     g.release().await?;
@@ -277,6 +269,18 @@ async fn a_wait_across_a_pubsub_drop_hears_the_release() -> TestResult {
     );
     g.release().await?;
     Ok(())
+}
+
+/// Has the server drop every pub/sub client; returns how many it dropped.
+async fn kill_pubsub(redis: &fx::OwnedRedis) -> Result<i64, redis::RedisError> {
+    let client = redis::Client::open(redis.raw_url())?;
+    let mut raw = client.get_multiplexed_async_connection().await?;
+    redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut raw)
+        .await
 }
 
 fn quarantined(url: &str, quarantine: Duration) -> Result<RedisConfig, Error> {

@@ -461,6 +461,25 @@ async fn heard(listener: &mut sqlx::postgres::PgListener, within: Duration) -> V
     payloads
 }
 
+/// The waiter's guard once `task` took the key within `secs`, after a
+/// notification naming `key` reached `listener`.
+async fn woken_and_told<T>(
+    task: tokio::task::JoinHandle<Result<T, moltlock_core::Error>>,
+    listener: &mut sqlx::postgres::PgListener,
+    key: &str,
+    secs: u64,
+) -> T {
+    let got = match tokio::time::timeout(Duration::from_secs(secs), task).await {
+        Ok(Ok(Ok(got))) => got,
+        Ok(Ok(Err(e))) => panic!("the waiter failed: {e}"),
+        Ok(Err(e)) => panic!("the waiter panicked: {e}"),
+        Err(_) => panic!("the waiter was not woken by the release"),
+    };
+    let told = heard(listener, Duration::from_millis(200)).await;
+    assert!(told.iter().any(|k| k == key), "no notification: {told:?}");
+    got
+}
+
 /// A waiter that waits longer than its mark lasts (10 s) keeps the row
 /// marked: the release of a hold renewed all along still notifies.
 #[tokio::test]
@@ -477,16 +496,7 @@ async fn a_long_wait_keeps_its_mark() {
     tokio::time::sleep(Duration::from_secs(12)).await; // past the first mark
     assert!(!task.is_finished(), "the waiter took a held key");
     held.release().await.unwrap();
-    let (next, _waiter) = tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .expect("the waiter was not woken by the release")
-        .unwrap()
-        .unwrap();
-    let told = heard(&mut listener, Duration::from_millis(200)).await;
-    assert!(
-        told.iter().any(|k| k == "long"),
-        "no notification: {told:?}"
-    );
+    let (next, _waiter) = woken_and_told(task, &mut listener, "long", 5).await;
     next.release().await.unwrap();
     drop_lock_table(&pool, &table).await;
 }
@@ -516,16 +526,7 @@ async fn a_release_notifies_only_when_a_waiter_marked_the_key() {
     let task = tokio::spawn(async move { waiter.lock("waited").await.map(|g| (g, waiter)) });
     tokio::time::sleep(Duration::from_millis(500)).await; // the waiter waits
     held.release().await.unwrap();
-    let (next, _waiter) = tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .expect("the waiter was not woken by the release")
-        .unwrap()
-        .unwrap();
-    let told = heard(&mut listener, Duration::from_millis(200)).await;
-    assert!(
-        told.iter().any(|k| k == "waited"),
-        "no notification: {told:?}"
-    );
+    let (next, _waiter) = woken_and_told(task, &mut listener, "waited", 10).await;
     next.release().await.unwrap();
 
     drop_lock_table(&pool, &table).await;
