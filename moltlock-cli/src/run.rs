@@ -63,7 +63,7 @@ pub struct RunArgs {
     #[arg(long, value_parser = duration::parse, value_name = "DURATION")]
     at_most: Option<Duration>,
     /// Wait in a fair (arrival-order) queue; only for stores that have one
-    /// (etcd), and only for one plain key.
+    /// (etcd, Redis), and only for one plain key.
     #[arg(long, conflicts_with = "no_wait")]
     fair: bool,
     /// The status to exit with when the lock was not obtained (instead of 75
@@ -155,7 +155,7 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
         .build()?;
     if args.fair && manager.backend().fair_queue().is_none() {
         return Err(Failure::usage(format!(
-            "--fair needs a store with a fair queue (etcd); {} has none",
+            "--fair needs a store with a fair queue (etcd, Redis); {} has none",
             manager.backend().name()
         )));
     }

@@ -1122,7 +1122,7 @@ fn item13_human_durations() {
     assert!(out.status.success(), "{out:?}");
 }
 
-/// Item 14: --fair works where the store has a fair queue (etcd) and is a
+/// Item 14: --fair works where the store has a fair queue (etcd, Redis) and is a
 /// clear usage error elsewhere.
 #[test]
 fn item14_fair_queue_where_there_is_one() {
