@@ -1139,6 +1139,17 @@ fn item14_fair_queue_where_there_is_one() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
+    let redis = fixtures::redis::redis().unwrap_or_else(|e| panic!("{e}"));
+    let prefix = fixtures::redis::unique_prefix();
+    let url = with_param(
+        &redis.url(),
+        &format!("key_prefix={prefix}&fence_retention=60s"),
+    );
+    let out = moltlock(&url)
+        .args(["run", "--fair", "--key", &key(), "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
 }
 
 /// The external check, on one store: SIGKILL of the wrapper leaves no
