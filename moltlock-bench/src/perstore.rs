@@ -7,10 +7,16 @@ use crate::report::{dash, ms, BackendReport, Report};
 use crate::stats::ratio;
 use crate::workload::{ContendedResult, LoopResult};
 
-/// Writes a table per measured store.
-pub(crate) fn tables(r: &Report, s: &mut String) {
-    let n = r.settings.parallel_tasks;
-    for b in r.backends.iter().filter(|b| b.error.is_none()) {
+impl Report {
+    /// Writes a table per measured store.
+    pub(crate) fn per_store_tables(&self, s: &mut String) {
+        for b in self.backends.iter().filter(|b| b.error.is_none()) {
+            self.store_table(b, s);
+        }
+    }
+
+    fn store_table(&self, b: &BackendReport, s: &mut String) {
+        let n = self.settings.parallel_tasks;
         let _ = writeln!(
             s,
             "### {} (RTT p50 {:.0} µs)\n\n\
@@ -28,7 +34,7 @@ pub(crate) fn tables(r: &Report, s: &mut String) {
         if let Some(fair) = &b.contended_fair {
             row(s, b, "moltlock fair", (None, None), Some(fair));
         }
-        for p in r.peers.iter().filter(|p| p.store == b.store) {
+        for p in self.peers.iter().filter(|p| p.store == b.store) {
             let loops = (Some(&p.uncontended), None);
             row(s, b, &p.name, loops, p.contended.as_ref());
         }

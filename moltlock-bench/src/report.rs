@@ -167,7 +167,7 @@ impl Report {
             st.sections.join(", ")
         );
         self.summary_table(&mut s);
-        crate::perstore::tables(self, &mut s);
+        self.per_store_tables(&mut s);
         if st.measured("throughput") {
             self.throughput_table(&mut s);
         } else {

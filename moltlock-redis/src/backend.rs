@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use moltlock_core::{
-    async_trait, check_ttl, hand_out, Backend, CasOutcome, Error, FairQueue, Fence, Held, Limits,
-    LockKey, StoreClock, Token,
+    async_trait, check_ttl, hand_out, Backend, CasOutcome, Error, Fence, Held, Limits, LockKey,
+    StoreClock, Token,
 };
 use redis::{Client, RedisResult};
 use tokio::sync::OnceCell;
@@ -340,22 +340,4 @@ impl Backend for RedisBackend {
     }
 
     hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence, FairQueue, CasMulti);
-}
-
-#[async_trait]
-impl FairQueue for RedisBackend {
-    /// Waits in the key's queue of places, served in arrival order (see the
-    /// [crate docs](crate#fair-queue)): one script per look, a look per
-    /// release announcement or a third of the TTL.
-    ///
-    /// # Cancel safety
-    /// A dropped wait spawns the removal of its place on the current
-    /// runtime (waking the next waiter when it was the head); should that
-    /// fail, or no runtime be left, the place is dropped by another
-    /// waiter's look once its deadline (the TTL) has passed. A hold taken
-    /// as the future was dropped lives until the manager's owner-checked
-    /// delete removes it.
-    async fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Fence, Error> {
-        crate::fair::acquire(self, key, token, ttl).await
-    }
 }

@@ -18,7 +18,9 @@
 
 use std::time::Duration;
 
-use moltlock_core::{CasOutcome, Error, Fence, LockKey, ReleaseWatch, Token};
+use moltlock_core::{
+    async_trait, CasOutcome, Error, FairQueue, Fence, LockKey, ReleaseWatch, Token,
+};
 use tokio::time::Instant;
 
 use crate::backend::{millis, outcome, RedisBackend};
@@ -29,7 +31,7 @@ use crate::scripts::{FAIR, LEAVE};
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// Waits in the queue of `key`, then holds it as `token`.
-pub(crate) async fn acquire(
+async fn acquire(
     backend: &RedisBackend,
     key: &LockKey,
     token: &Token,
@@ -141,5 +143,23 @@ impl Drop for Place {
                 tracing::debug!(error = %e, "could not leave the fair queue; the place ends with its deadline");
             }
         });
+    }
+}
+
+#[async_trait]
+impl FairQueue for RedisBackend {
+    /// Waits in the key's queue of places, served in arrival order (see the
+    /// [crate docs](crate#fair-queue)): one script per look, a look per
+    /// release announcement or a third of the TTL.
+    ///
+    /// # Cancel safety
+    /// A dropped wait spawns the removal of its place on the current
+    /// runtime (waking the next waiter when it was the head); should that
+    /// fail, or no runtime be left, the place is dropped by another
+    /// waiter's look once its deadline (the TTL) has passed. A hold taken
+    /// as the future was dropped lives until the manager's owner-checked
+    /// delete removes it.
+    async fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Fence, Error> {
+        acquire(self, key, token, ttl).await
     }
 }
