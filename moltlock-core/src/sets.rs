@@ -30,6 +30,10 @@ const MIN_LOOK: Duration = Duration::from_millis(1);
 /// answered with the caller's own hold, before it backs off as usual.
 const SELF_HELD_RETRIES: u32 = 3;
 
+/// How long a waiter whose release watch failed sleeps at most before it
+/// opens the watch again and looks.
+const REOPEN_AFTER: Duration = Duration::from_secs(1);
+
 /// What one attempt at a set of keys saw.
 pub(crate) enum Attempt {
     /// The holds taken, in the order of the keys given.
@@ -288,6 +292,7 @@ impl LockManager {
                 self.behind_own_hold(place).await;
             }
             let freed = wait.place.map(|p| p.freed());
+            self.reopen_failed(watches, keys).await;
             match self.attempt_set(keys, mode, terms).await {
                 Ok(Attempt::Got(guards)) => return Ok(Some(guards)),
                 Ok(Attempt::Busy(busy)) if busy.is_empty() => {
@@ -361,8 +366,24 @@ impl LockManager {
         out
     }
 
+    /// Opens again, before an attempt, the release watches that failed, so
+    /// a waiter whose watch broke (a dropped connection, a store restart)
+    /// hears releases again once the store notifies; until then it looks
+    /// every [`REOPEN_AFTER`] at least.
+    async fn reopen_failed(&self, watches: &mut Watches, keys: &[LockKey]) {
+        if self.inner().backend.watcher().is_none() {
+            return;
+        }
+        for (slot, key) in watches.iter_mut().zip(keys) {
+            if slot.is_none() {
+                *slot = self.open_watch(key).await;
+            }
+        }
+    }
+
     /// Sleeps until a busy key's release, the earliest expiry seen, or the
-    /// retry delay. `busy` indexes `keys` (and `watches`).
+    /// retry delay (at most [`REOPEN_AFTER`] while a busy key's watch has
+    /// failed). `busy` indexes `keys` (and `watches`).
     pub(crate) async fn pause_set(
         &self,
         watches: &mut Watches,
@@ -376,6 +397,12 @@ impl LockManager {
             if let Some(left) = held.expires_in {
                 delay = delay.min(left + Duration::from_millis(1));
             }
+        }
+        let failed_watch = busy
+            .iter()
+            .any(|(i, _)| watches.get(*i).is_some_and(Option::is_none));
+        if failed_watch && self.inner().backend.watcher().is_some() {
+            delay = delay.min(REOPEN_AFTER);
         }
         let mut waits: Vec<Pinned<'_, (usize, Result<(), Error>)>> = Vec::new();
         for (i, slot) in watches.iter_mut().enumerate() {
