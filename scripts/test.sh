@@ -75,7 +75,8 @@ else
     --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
     --initial-cluster "readme=$peer" >"$etcd_dir/log" 2>&1 &
   etcd_pid=$!
-  trap 'kill "$etcd_pid" 2>/dev/null; wait "$etcd_pid" 2>/dev/null; rm -rf "$etcd_dir"' EXIT
+  # (set -e holds inside the trap: a stopped etcd's status must not become ours.)
+  trap 'kill "$etcd_pid" 2>/dev/null || true; wait "$etcd_pid" 2>/dev/null || true; rm -rf "$etcd_dir"' EXIT
   for _ in $(seq 100); do port_open "$port" && break; sleep 0.1; done
   MOLTLOCK_ETCD_URL="etcd://127.0.0.1:$port" bash scripts/readme-crate.sh
 fi
