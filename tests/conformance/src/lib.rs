@@ -53,7 +53,9 @@
 //! a ticker measures how late the runtime wakes it. A case that fails while
 //! the runtime stalled longer than [`STALL_LIMIT`], or that itself found a
 //! sleep woke too late to judge (its message starts with
-//! [`INCONCLUSIVE`]), is run again, up to [`ATTEMPTS`] times. A case that
+//! [`INCONCLUSIVE`]), or that failed on something load can cause (its
+//! message starts with [`SLOW`]: the store did not answer in time, or a
+//! liveness bound was missed), is run again, up to [`ATTEMPTS`] times. A case that
 //! stays inconclusive fails with a message that says so: the suite never
 //! passes a case it could not judge, and never blames a backend for a stall.
 
@@ -237,6 +239,14 @@ pub const ATTEMPTS: u32 = 3;
 /// because the test itself was held up.
 pub const INCONCLUSIVE: &str = "inconclusive: scheduler stall";
 
+/// The start of the message of a case that failed on something a loaded
+/// machine can cause: the store did not answer in time (a retryable store
+/// error), or a bound on how *late* something may happen was missed. Such
+/// a case is run again, like an inconclusive one; a real flaw fails every
+/// attempt. Bounds on how *early* something may happen (safety) never
+/// carry it.
+pub const SLOW: &str = "slow store or machine";
+
 /// Runs one case with the suite's time limit: skipped when the backend lacks
 /// the capability the case needs; run again (up to [`ATTEMPTS`] times) when
 /// an attempt was inconclusive (see the crate docs on timing).
@@ -262,7 +272,7 @@ pub async fn run_case(case: &Case, factory: Factory) -> CaseResult {
             Err(msg) => msg,
             ok => return ok,
         };
-        let inconclusive = msg.starts_with(INCONCLUSIVE);
+        let inconclusive = msg.starts_with(INCONCLUSIVE) || msg.starts_with(SLOW);
         if !inconclusive && stall <= STALL_LIMIT {
             return Err(msg);
         }

@@ -11,10 +11,17 @@ pub(super) use tokio::time::Instant;
 
 pub(super) use crate::{
     CaseResult, Delay, Factory, FencedResource, Outcome, OverlapDetector, Partition, INCONCLUSIVE,
+    SLOW,
 };
 
+/// A store error as a case's message; a retryable one (the store did not
+/// answer in time) starts with [`SLOW`], so the case is run again.
 pub(super) fn err(e: Error) -> String {
-    e.to_string()
+    if e.is_retryable() {
+        format!("{SLOW}: {e}")
+    } else {
+        e.to_string()
+    }
 }
 
 /// A key under a prefix of its own, so cases can share a store.

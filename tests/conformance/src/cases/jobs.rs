@@ -36,7 +36,7 @@ pub async fn job_at_least_blocks_after_an_early_release(f: Factory) -> CaseResul
     }
     neighbour.release().await.map_err(err)?;
     let freed = freed.ok_or_else(|| {
-        format!("the key was still blocked {slack:?} after its at-least time of {least:?}")
+        format!("{SLOW}: the key was still blocked {slack:?} after its at-least time of {least:?}")
     })?;
     ensure!(
         freed >= asked + least,

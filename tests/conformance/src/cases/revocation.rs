@@ -90,7 +90,13 @@ async fn heard(
     ttl: Duration,
 ) -> Result<(), String> {
     let asked = asker.request_release(k).await.map_err(err)?;
-    let asked = asked.ok_or("a request on a held key found no holder")?;
+    let Some(asked) = asked else {
+        let what = "a request on a held key found no holder";
+        if holder.is_held() {
+            return Err(what.into());
+        }
+        return Err(format!("{SLOW}: {what} (its hold ran out meanwhile)"));
+    };
     ensure!(
         &asked.holder == holder.token(),
         "the request named {:?}, not the holder",
