@@ -20,7 +20,7 @@ use crate::multi;
 /// `PostgresBackend`, `SqliteBackend` and `MySqlBackend`. Clones share one pool (and, for
 /// Postgres, one listener).
 pub struct SqlBackend<D: Dialect> {
-    inner: Arc<Shared<D>>,
+    pub(crate) inner: Arc<Shared<D>>,
 }
 
 impl<D: Dialect> Clone for SqlBackend<D> {
@@ -176,7 +176,7 @@ impl<D: Dialect> SqlBackend<D> {
     }
 
     /// Maps a dialect step's failure, once for every operation.
-    async fn run<T>(
+    pub(crate) async fn run<T>(
         &self,
         step: impl std::future::Future<Output = DbResult<T>>,
     ) -> Result<T, Error> {
@@ -247,7 +247,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         D::watcher(&self.inner)
     }
 
-    hand_out!(Inspect, RenewMany, Describe, RaiseFence, CasMulti);
+    hand_out!(Inspect, RenewMany, Describe, RaiseFence, CasMulti, FairQueue);
 }
 
 /// A batch of one key is that key's single acquisition. Otherwise

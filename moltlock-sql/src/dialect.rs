@@ -78,6 +78,22 @@ impl<D: Ops> Shared<D> {
     }
 }
 
+/// The places of the fair queue: one row per waiter and key, in a table
+/// beside the locks, ordered by a number the database draws on insert.
+/// Places live by the database clock until `alive_until`, which each look
+/// renews.
+#[async_trait]
+pub trait Queue: Send + Sync {
+    /// Whether `key` has a live place.
+    async fn occupied(&self, key: &LockKey) -> DbResult<bool>;
+    /// Drops the key's dead places of others, puts `owner` at the tail if
+    /// it has no place, keeps its place alive for `live`, and answers
+    /// whether no live place is ahead of it.
+    async fn look(&self, key: &LockKey, owner: &Token, live: Duration) -> DbResult<bool>;
+    /// Takes `owner`'s place out.
+    async fn leave(&self, key: &LockKey, owner: &Token) -> DbResult<()>;
+}
+
 /// The dialect's operations (unnameable outside the crate, which seals
 /// [`Dialect`]). Each runs one statement (or one transaction) unless it
 /// says otherwise.
@@ -118,6 +134,8 @@ pub trait Ops: Sized + Send + Sync + 'static {
     fn watcher(_db: &Shared<Self>) -> Option<&dyn Watch> {
         None
     }
+    /// The fair queue's places (see the `fair` module).
+    fn queue(db: &Shared<Self>) -> &dyn Queue;
     /// Takes a free key.
     async fn acquire(db: &Shared<Self>, w: Write<'_>) -> DbResult<CasOutcome>;
     /// Takes several free keys at once, as `CasMulti::cas_multi` does,

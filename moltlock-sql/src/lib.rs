@@ -33,6 +33,7 @@ mod config;
 mod convert;
 mod dialect;
 mod error;
+mod fair;
 mod multi;
 #[cfg(feature = "mysql")]
 pub mod mysql;

@@ -66,11 +66,12 @@ use sqlx::Row;
 pub use crate::backend::SqlBackend;
 pub use crate::config::{Expiry, SqlConfig};
 use crate::convert::{execute, mark_live, micros, pool_options, ttl_chunks, RETENTION};
-use crate::dialect::{DbResult, Multi, Ops, Shared, Write};
+use crate::dialect::{DbResult, Multi, Ops, Queue, Shared, Write};
 pub use sqlx;
 pub use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 
 mod batch;
+mod queue;
 
 /// Locks in a MySQL or MariaDB table. Clones share one pool.
 pub type MySqlBackend = SqlBackend<MySql>;
@@ -78,6 +79,7 @@ pub type MySqlBackend = SqlBackend<MySql>;
 /// The MySQL/MariaDB dialect of [`SqlBackend`]: its statements.
 pub struct MySql {
     sql: Statements,
+    queue: queue::QueueSql,
 }
 
 /// Refuses keys the key column cannot tell apart from others: its
@@ -110,6 +112,7 @@ impl Ops for MySql {
     fn new(cfg: &SqlConfig) -> Result<Self, Error> {
         Ok(Self {
             sql: Statements::new(cfg)?,
+            queue: queue::QueueSql::new(cfg)?,
         })
     }
 
@@ -118,7 +121,8 @@ impl Ops for MySql {
     }
 
     async fn migrate(db: &Shared<Self>) -> DbResult<()> {
-        for stmt in &db.dialect.sql.ddl {
+        let queue = &db.dialect.queue.ddl;
+        for stmt in db.dialect.sql.ddl.iter().chain([queue]) {
             sqlx::query(stmt).execute(&db.pool).await?;
         }
         Ok(add_info_column(db).await?)
@@ -138,6 +142,10 @@ impl Ops for MySql {
 
     fn check_key(key: &LockKey) -> Result<(), Error> {
         check_key(key)
+    }
+
+    fn queue(db: &Shared<Self>) -> &dyn Queue {
+        db
     }
 
     /// One statement; only when the key is held, a read of who holds it.

@@ -100,12 +100,13 @@ use tokio::time::Instant;
 pub use crate::backend::SqlBackend;
 pub use crate::config::{Expiry, SqlConfig};
 use crate::convert::{execute, fence, holds, millis, pool_options, RETENTION};
-use crate::dialect::{DbResult, Multi, Ops, Shared, Write};
+use crate::dialect::{DbResult, Multi, Ops, Queue, Shared, Write};
 use crate::error::map;
 pub use sqlx;
 pub use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 mod listen;
+mod queue;
 mod take;
 
 use listen::Listener;
@@ -118,6 +119,7 @@ pub type PostgresBackend = SqlBackend<Pg>;
 pub struct Pg {
     sql: Statements,
     listener: Listener,
+    queue: queue::QueueSql,
 }
 
 impl SqlBackend<Pg> {
@@ -141,6 +143,7 @@ impl Ops for Pg {
         Ok(Self {
             sql: Statements::new(cfg)?,
             listener: Listener::new(format!("moltlock_{}", cfg.table)),
+            queue: queue::QueueSql::new(cfg)?,
         })
     }
 
@@ -173,6 +176,10 @@ impl Ops for Pg {
 
     fn watcher(db: &Shared<Self>) -> Option<&dyn Watch> {
         Some(db)
+    }
+
+    fn queue(db: &Shared<Self>) -> &dyn Queue {
+        db
     }
 
     async fn acquire(db: &Shared<Self>, w: Write<'_>) -> DbResult<CasOutcome> {
@@ -367,6 +374,7 @@ impl Statements {
             "wait_until",
             "timestamptz NOT NULL DEFAULT 'epoch'",
         ));
+        ddl.push(queue::QueueSql::new(cfg)?.ddl);
         let observed = cfg.expiry == Expiry::Observed;
         Ok(Self::build(&t, &seq, ddl, observed))
     }

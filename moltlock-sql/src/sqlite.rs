@@ -46,11 +46,12 @@ use tokio::time::Instant;
 pub use crate::backend::SqlBackend;
 pub use crate::config::{Expiry, SqlConfig};
 use crate::convert::{self, execute, holds, left_ms, mark_live, millis, pool_options, ttl_chunks};
-use crate::dialect::{DbResult, Multi, Ops, Shared, Write};
+use crate::dialect::{DbResult, Multi, Ops, Queue, Shared, Write};
 pub use sqlx;
 pub use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 mod batch;
+mod queue;
 
 /// Locks in an SQLite database file. Clones share one pool.
 pub type SqliteBackend = SqlBackend<Sqlite>;
@@ -58,6 +59,7 @@ pub type SqliteBackend = SqlBackend<Sqlite>;
 /// The SQLite dialect of [`SqlBackend`]: its statements.
 pub struct Sqlite {
     sql: Statements,
+    queue: queue::QueueSql,
 }
 
 /// Holds renewed per statement: 8,000 `(key, owner)` pairs, 16,001
@@ -77,6 +79,7 @@ impl Ops for Sqlite {
     fn new(cfg: &SqlConfig) -> Result<Self, Error> {
         Ok(Self {
             sql: Statements::new(cfg)?,
+            queue: queue::QueueSql::new(cfg)?,
         })
     }
 
@@ -110,6 +113,10 @@ impl Ops for Sqlite {
             }
         }
         Ok(tx.commit().await?)
+    }
+
+    fn queue(db: &Shared<Self>) -> &dyn Queue {
+        db
     }
 
     fn limits() -> Limits {
@@ -366,7 +373,9 @@ impl Statements {
         let name = cfg.checked_table()?;
         let seq = format!("\"{name}_fence\"");
         let observed = cfg.expiry == Expiry::Observed;
-        Ok(Self::build(name, &seq, observed))
+        let mut sql = Self::build(name, &seq, observed);
+        sql.ddl.push(queue::QueueSql::new(cfg)?.ddl);
+        Ok(sql)
     }
 
     /// The counter table and the triggers that advance it from `name`'s fences.

@@ -15,7 +15,7 @@ fn mysql() -> moltlock_conformance::Factory {
     })
 }
 
-moltlock_conformance::conformance_tests!(mysql(), without: [watch, fair_queue]);
+moltlock_conformance::conformance_tests!(mysql(), without: [watch]);
 
 #[tokio::test]
 async fn table_names_are_validated() {
@@ -103,9 +103,10 @@ async fn names_itself_and_hands_out_its_extensions() {
             "renew_many",
             "describe",
             "raise_fence",
+            "fair_queue",
             "cas_multi"
         ],
-        "MySQL has no release notifications and no fair queue"
+        "MySQL has no release notifications"
     );
 }
 

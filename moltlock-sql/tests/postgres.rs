@@ -14,7 +14,7 @@ fn pg() -> moltlock_conformance::Factory {
     })
 }
 
-moltlock_conformance::conformance_tests!(pg(), without: [fair_queue]);
+moltlock_conformance::conformance_tests!(pg());
 
 fn shared() -> String {
     postgres::shared_url().unwrap_or_else(|e| panic!("{e}"))
@@ -390,9 +390,10 @@ async fn names_itself_and_hands_out_its_extensions() {
             "renew_many",
             "describe",
             "raise_fence",
+            "fair_queue",
             "cas_multi"
         ],
-        "Postgres has no fair queue"
+        "Postgres hands out every extension"
     );
 }
 

@@ -13,7 +13,7 @@ fn sqlite() -> moltlock_conformance::Factory {
     })
 }
 
-moltlock_conformance::conformance_tests!(sqlite(), without: [watch, fair_queue]);
+moltlock_conformance::conformance_tests!(sqlite(), without: [watch]);
 
 #[tokio::test]
 async fn table_names_are_validated() {
@@ -65,9 +65,10 @@ async fn names_itself_and_hands_out_its_extensions() {
             "renew_many",
             "describe",
             "raise_fence",
+            "fair_queue",
             "cas_multi"
         ],
-        "SQLite has no release notifications and no fair queue"
+        "SQLite has no release notifications"
     );
 }
 

@@ -1,0 +1,198 @@
+//! The fair queue on every SQL database: a table of places beside the
+//! locks, served in the order the database numbered them.
+//!
+//! A fair acquire first asks whether the key has a live place: a key with
+//! an empty queue is taken by the plain acquisition at once, with no place
+//! (a free key costs two statements). Otherwise, and when the key was held,
+//! the waiter takes a place at the tail and looks: each look drops the
+//! key's dead places, keeps its own alive for the TTL (at least 500 ms, by
+//! the database clock), and tells whether a live place is ahead of it. Only
+//! the head tries the key, with the plain acquisition, and leaves the queue
+//! once it holds it; so fair waiters are served in arrival order and a fair
+//! newcomer never overtakes a queued waiter. A plain `lock()` may still
+//! take a free key before the head does, as on every fair backend.
+//!
+//! Between looks a waiter sleeps until the key may have been released:
+//! Postgres wakes it by `LISTEN/NOTIFY` (its wait marks the hold, so the
+//! release notifies), at the latest after a third of its TTL; SQLite and
+//! MySQL have no notifications, and waiters look every 25 ms. A waiter that
+//! stopped looking (a crash, a pause longer than the TTL) loses its place
+//! to the next look of anyone once its place's time has passed; a dropped
+//! wait takes its place out at once.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use moltlock_core::{
+    Backend, CasOutcome, Error, FairQueue, Fence, Held, LockKey, ReleaseWatch, Token,
+};
+use tokio::time::Instant;
+
+use crate::backend::SqlBackend;
+use crate::dialect::Dialect;
+
+/// The least time a place lives past a look.
+const LEAST_LIVE: Duration = Duration::from_millis(500);
+/// How often a waiter looks on a database with no notifications.
+const POLL: Duration = Duration::from_millis(25);
+/// The least time between two looks of one waiter.
+const GAP: Duration = Duration::from_millis(10);
+/// Pause after a retryable failure.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// What one look found.
+enum Looked {
+    /// The key is ours.
+    Taken(Fence),
+    /// Wait: the head found the key held (as `Some`), or a place is ahead.
+    Wait(Option<Held>),
+}
+
+impl<D: Dialect> SqlBackend<D> {
+    /// The plain acquisition of a head; a hold of its own (taken by an
+    /// earlier try whose reply was lost) is confirmed by renewing it.
+    async fn try_take(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Looked, Error> {
+        match self.cas(key, None, token, ttl).await? {
+            CasOutcome::Acquired { fence } => Ok(Looked::Taken(fence)),
+            CasOutcome::Held(h) if h.holder.as_ref() == Some(token) => {
+                match self.cas(key, Some(token), token, ttl).await? {
+                    CasOutcome::Acquired { fence } => Ok(Looked::Taken(fence)),
+                    CasOutcome::Held(h) => Ok(Looked::Wait(Some(h))),
+                }
+            }
+            CasOutcome::Held(h) => Ok(Looked::Wait(Some(h))),
+        }
+    }
+
+    /// One look: renews the place, and takes the key at the head.
+    async fn look(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Looked, Error> {
+        let queue = D::queue(&self.inner);
+        let live = ttl.max(LEAST_LIVE);
+        if self.run(queue.look(key, token, live)).await? {
+            return self.try_take(key, token, ttl).await;
+        }
+        Ok(Looked::Wait(None))
+    }
+
+    /// Sleeps until the key may have been released, or `pause` passed.
+    async fn sleep(
+        &self,
+        watch: &mut Option<Box<dyn ReleaseWatch>>,
+        held: Option<Held>,
+        ttl: Duration,
+    ) {
+        let mut pause = match watch {
+            Some(_) => (ttl / 3).max(GAP),
+            None => POLL,
+        };
+        if let Some(left) = held.as_ref().and_then(|h| h.expires_in) {
+            pause = pause.min(left + Duration::from_millis(1));
+        }
+        let Some(w) = watch.as_mut() else {
+            return tokio::time::sleep(pause).await;
+        };
+        let held = held.unwrap_or_default();
+        tokio::select! {
+            told = w.released(&held) => if told.is_err() { *watch = None },
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
+
+    /// Waits in the queue of `key`, then holds it as `token`.
+    async fn wait_in_queue(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Fence, Error> {
+        let mut watch = match self.watcher() {
+            Some(w) => w.watch(key).await.ok(),
+            None => None,
+        };
+        let queue = D::queue(&self.inner);
+        if !self.run(queue.occupied(key)).await? {
+            if let Looked::Taken(fence) = self.try_take(key, token, ttl).await? {
+                return Ok(fence);
+            }
+        }
+        let mut place = Place {
+            backend: self.clone(),
+            key: key.clone(),
+            token: token.clone(),
+            left: false,
+        };
+        loop {
+            let looked = Instant::now();
+            match self.look(key, token, ttl).await {
+                Ok(Looked::Taken(fence)) => {
+                    place.leave().await;
+                    return Ok(fence);
+                }
+                Ok(Looked::Wait(held)) => self.sleep(&mut watch, held, ttl).await,
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(%key, error = %e, "fair queue look failed; retrying");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Err(e) => return Err(e),
+            }
+            tokio::time::sleep_until(looked + GAP).await;
+        }
+    }
+}
+
+/// A waiter's place; leaving the queue (on drop, unless it left already)
+/// is spawned on the current runtime. Should that fail or no runtime be
+/// left, the place is dropped by the next look of any waiter once its time
+/// has passed.
+struct Place<D: Dialect> {
+    backend: SqlBackend<D>,
+    key: LockKey,
+    token: Token,
+    left: bool,
+}
+
+impl<D: Dialect> Place<D> {
+    /// Leaves the queue now (the head, once it holds the key).
+    async fn leave(&mut self) {
+        self.left = true;
+        let queue = D::queue(&self.backend.inner);
+        if let Err(e) = self.backend.run(queue.leave(&self.key, &self.token)).await {
+            tracing::debug!(error = %e, "could not leave the fair queue; the place ends with its time");
+        }
+    }
+}
+
+impl<D: Dialect> Drop for Place<D> {
+    fn drop(&mut self) {
+        if self.left {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut place = Place {
+            backend: self.backend.clone(),
+            key: self.key.clone(),
+            token: self.token.clone(),
+            left: true,
+        };
+        handle.spawn(async move { place.leave().await });
+    }
+}
+
+/// Waits in the key's queue of places, served in the order the database
+/// numbered them (see the [module docs](self)).
+///
+/// # Cancel safety
+/// A dropped wait spawns the removal of its place on the current runtime;
+/// should that fail, or no runtime be left, the place is dropped by another
+/// waiter's look once its time (the TTL, at least 500 ms) has passed. A
+/// hold taken as the future was dropped lives until the manager's
+/// owner-checked delete removes it.
+#[async_trait]
+impl<D: Dialect> FairQueue for SqlBackend<D> {
+    async fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Fence, Error> {
+        D::check_key(key)?;
+        self.wait_in_queue(key, token, ttl).await
+    }
+}

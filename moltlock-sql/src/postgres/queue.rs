@@ -1,0 +1,95 @@
+//! The fair queue's places (see the crate's `fair` module) in the table
+//! `<table>_queue` beside the locks, numbered by a `bigserial`. One
+//! statement per look.
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS "moltlock_locks_queue" (
+//!     seq         bigserial   PRIMARY KEY,  -- arrival order
+//!     key         text        NOT NULL,
+//!     owner       text        NOT NULL,     -- the waiter's token
+//!     alive_until timestamptz NOT NULL,     -- renewed by each look
+//!     UNIQUE (key, owner)
+//! );
+//! ```
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use moltlock_core::{Error, LockKey, Token};
+
+use super::Pg;
+use crate::config::SqlConfig;
+use crate::convert::millis;
+use crate::dialect::{DbResult, Queue, Shared};
+
+/// The queue's statements, built once from validated names.
+pub(super) struct QueueSql {
+    /// Its `CREATE TABLE`.
+    pub(super) ddl: String,
+    occupied: String,
+    look: String,
+    leave: String,
+}
+
+impl QueueSql {
+    pub(super) fn new(cfg: &SqlConfig) -> Result<Self, Error> {
+        let name = format!("{}_queue", cfg.checked_table()?);
+        let q = match cfg.checked_schema()? {
+            Some(s) => format!("\"{s}\".\"{name}\""),
+            None => format!("\"{name}\""),
+        };
+        let logged = if cfg.unlogged { "UNLOGGED " } else { "" };
+        let live = "p.key = $1 AND p.alive_until > now()";
+        Ok(Self {
+            ddl: format!(
+                "CREATE {logged}TABLE IF NOT EXISTS {q} (seq bigserial PRIMARY KEY, \
+                 key text NOT NULL, owner text NOT NULL, alive_until timestamptz NOT NULL, \
+                 UNIQUE (key, owner))"
+            ),
+            occupied: format!("SELECT EXISTS (SELECT 1 FROM {q} p WHERE {live})"),
+            // The snapshot does not show `me`'s row, and the other places
+            // it shows are judged alive by the clock, so `gone` needs no
+            // ordering against the final read.
+            look: format!(
+                "WITH gone AS (DELETE FROM {q} WHERE key = $1 AND owner <> $2 AND alive_until <= now()), \
+                 me AS (INSERT INTO {q} AS p (key, owner, alive_until) \
+                 VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond') \
+                 ON CONFLICT (key, owner) DO UPDATE SET alive_until = EXCLUDED.alive_until \
+                 RETURNING p.seq) \
+                 SELECT NOT EXISTS (SELECT 1 FROM {q} p, me WHERE {live} AND p.owner <> $2 \
+                 AND p.seq < me.seq)"
+            ),
+            leave: format!("DELETE FROM {q} WHERE key = $1 AND owner = $2"),
+        })
+    }
+}
+
+/// # Cancel safety
+/// Each call is one statement: dropped, it happened or not.
+#[async_trait]
+impl Queue for Shared<Pg> {
+    async fn occupied(&self, key: &LockKey) -> DbResult<bool> {
+        Ok(sqlx::query_scalar(&self.dialect.queue.occupied)
+            .bind(key.as_str())
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn look(&self, key: &LockKey, owner: &Token, live: Duration) -> DbResult<bool> {
+        Ok(sqlx::query_scalar(&self.dialect.queue.look)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .bind(millis(live))
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn leave(&self, key: &LockKey, owner: &Token) -> DbResult<()> {
+        sqlx::query(&self.dialect.queue.leave)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
