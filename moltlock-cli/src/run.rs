@@ -63,7 +63,8 @@ pub struct RunArgs {
     #[arg(long, value_parser = duration::parse, value_name = "DURATION")]
     at_most: Option<Duration>,
     /// Wait in a fair (arrival-order) queue; only for stores that have one
-    /// (etcd, Redis), and only for one plain key.
+    /// (every store but a migration in its `both` phase), and only for one
+    /// plain key.
     #[arg(long, conflicts_with = "no_wait")]
     fair: bool,
     /// The status to exit with when the lock was not obtained (instead of 75
@@ -155,7 +156,7 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
         .build()?;
     if args.fair && manager.backend().fair_queue().is_none() {
         return Err(Failure::usage(format!(
-            "--fair needs a store with a fair queue (etcd, Redis); {} has none",
+            "--fair needs a store with a fair queue (etcd, Redis, SQLite, Postgres, MySQL; not a migration in its `both` phase); {} has none",
             manager.backend().name()
         )));
     }

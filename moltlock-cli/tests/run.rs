@@ -1122,12 +1122,23 @@ fn item13_human_durations() {
     assert!(out.status.success(), "{out:?}");
 }
 
-/// Item 14: --fair works where the store has a fair queue (etcd, Redis) and is a
-/// clear usage error elsewhere.
+/// Item 14: --fair works where the store has a fair queue (the default
+/// SQLite store, etcd, Redis) and is a clear usage error elsewhere (a
+/// migration in its `both` phase, where two queues cannot agree on an order).
 #[test]
 fn item14_fair_queue_where_there_is_one() {
     let home = tempfile::tempdir().unwrap();
     let out = moltlock_home(home.path())
+        .args(["run", "--fair", "--key", &key(), "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let both = format!(
+        "migrate+both:sqlite://{}|sqlite://{}",
+        home.path().join("a.db").display(),
+        home.path().join("b.db").display()
+    );
+    let out = moltlock(&both)
         .args(["run", "--fair", "--key", &key(), "--", "true"])
         .output()
         .unwrap();

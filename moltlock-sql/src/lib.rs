@@ -13,6 +13,10 @@
 //! table name (and Postgres schema) is configurable and validated as an
 //! identifier. See each module for its DDL and its guarantees.
 //!
+//! Every dialect has a fair queue (`LockOptions::fair()`): a table
+//! `<table>_queue` of places numbered in arrival order, where only the head
+//! tries the key; a free key with an empty queue is taken at once.
+//!
 //! Configuration follows the convention of every MoltLock store:
 //!
 //! ```no_run

@@ -38,8 +38,11 @@ struct Entry {
 
 struct QueuePlace {
     token: Token,
-    /// Set when the waiter went away but its place stays (a flaw).
-    stale_until: Option<Instant>,
+    /// Until when the place lives: each look of its waiter renews it for
+    /// the TTL, so a waiter that stopped looking loses it.
+    alive_until: Instant,
+    /// Whether its waiter went away and the place stayed (a flaw).
+    dropped: bool,
 }
 
 #[derive(Default)]
@@ -371,8 +374,12 @@ impl Flawed {
         let now = Instant::now();
         let nk = self.norm(key);
         let mut st = self.store();
+        let keep_frozen = self.has(Flaw::FairKeepsFrozenPlace);
         if let Some(q) = st.queues.get_mut(&nk) {
-            q.retain(|p| p.stale_until.is_none_or(|t| t > now));
+            for p in q.iter_mut().filter(|p| &p.token == token) {
+                p.alive_until = now + ttl;
+            }
+            q.retain(|p| p.alive_until > now || (keep_frozen && !p.dropped));
         }
         let head = st
             .queues

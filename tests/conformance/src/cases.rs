@@ -149,6 +149,7 @@ macro_rules! __cases {
                 fair_queue_serves_in_arrival_order: "fair queue",
                 fair_newcomer_does_not_barge: "fair queue",
                 fair_dropped_waiter_leaves_the_queue: "fair queue, 6 cancellation",
+                fair_frozen_waiter_loses_its_place: "fair queue, 4 expiry",
                 fences_rise_across_fair_and_plain: "5 fencing, fair queue",
             ],
             raise_fence: [

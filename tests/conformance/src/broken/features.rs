@@ -22,7 +22,8 @@ impl Drop for QueueGuard {
         if let Some(q) = st.queues.get_mut(&self.key) {
             if keep {
                 for p in q.iter_mut().filter(|p| p.token == self.token) {
-                    p.stale_until = Some(until);
+                    p.alive_until = until;
+                    p.dropped = true;
                 }
             } else {
                 q.retain(|p| p.token != self.token);
@@ -281,7 +282,8 @@ impl FairQueue for Flawed {
             .or_default()
             .push_back(QueuePlace {
                 token: token.clone(),
-                stale_until: None,
+                alive_until: Instant::now() + ttl,
+                dropped: false,
             });
         let mut guard = QueueGuard {
             store: self.clone(),

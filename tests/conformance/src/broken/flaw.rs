@@ -75,6 +75,9 @@ pub enum Flaw {
     FairBarges,
     /// A dropped fair waiter's queue place stays until its TTL.
     FairKeepsDroppedPlace,
+    /// A fair waiter that stopped looking (a crash, a long pause) keeps its
+    /// place for good: nothing ends a place but its waiter.
+    FairKeepsFrozenPlace,
     /// Fair acquisitions draw fences from a counter of their own.
     FairFenceSeparate,
     /// `raise_fence` sets the fence counter to the minimum (can lower it).
@@ -164,6 +167,7 @@ impl Flaw {
         Flaw::InspectReportsFirstHolder,
         Flaw::FairBarges,
         Flaw::FairKeepsDroppedPlace,
+        Flaw::FairKeepsFrozenPlace,
         Flaw::FairFenceSeparate,
         Flaw::RaiseFenceSets,
         Flaw::RaiseFenceReadThenWrite,

@@ -134,3 +134,82 @@ pub async fn fair_queue_serves_in_arrival_order(f: Factory) -> CaseResult {
     );
     Ok(Outcome::Passed)
 }
+
+/// A fair waiter that stops looking loses its place once its time has
+/// passed: the waiter behind it gets the key within twice the TTL of the
+/// release, where a store that keeps every place until its waiter leaves
+/// would hold it back for good. The frozen waiter runs on a runtime of its
+/// own that then stalls (as a crashed or stopped process does: nothing of
+/// it runs, nothing of it is dropped).
+pub async fn fair_frozen_waiter_loses_its_place(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let k = key("fair-frozen");
+    let (_holder, first) = fair_holder(&f, &k).await?;
+    let freeze = ttl * 4 + Duration::from_secs(10);
+    freeze_a_fair_waiter(f.clone(), k.clone(), ttl, freeze).await?;
+    let behind_m = manager(&f.open().await?, ttl)?;
+    let k2 = k.clone();
+    let behind = tokio::spawn(async move {
+        let g = behind_m
+            .acquire(&k2, LockOptions::new().fair())
+            .await
+            .map_err(err)?
+            .ok_or("fair acquire returned no guard")?;
+        let got = Instant::now();
+        g.release().await.map_err(err)?;
+        Ok::<Instant, String>(got)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    first.release().await.map_err(err)?;
+    let within = ttl * 2 + b.limits().min_ttl + Duration::from_secs(1);
+    let got = tokio::time::timeout(within, behind).await.map_err(|_| {
+        format!("{SLOW}: the waiter behind a frozen one had no key {within:?} after the release")
+    })?;
+    let got = got.map_err(|e| e.to_string())??;
+    ensure!(
+        got >= released,
+        "the waiter behind a frozen one got the key before the release"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// Starts a fair waiter for `k` on a runtime of its own, in a thread of
+/// its own, and returns once it waits; its runtime then stalls for
+/// `freeze` and is dropped.
+async fn freeze_a_fair_waiter(
+    f: Factory,
+    k: String,
+    ttl: Duration,
+    freeze: Duration,
+) -> Result<(), String> {
+    let (tx, rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    std::thread::spawn(move || {
+        runtime.block_on(async move {
+            let waiting = async {
+                let m = manager(&f.open().await?, ttl)?;
+                let task = tokio::spawn(async move {
+                    let _ = m.acquire(&k, LockOptions::new().fair()).await;
+                });
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                ensure!(
+                    !task.is_finished(),
+                    "the fair waiter to freeze stopped waiting"
+                );
+                Ok::<_, String>(task)
+            };
+            let task = waiting.await;
+            let _ = tx.send(task.as_ref().map(|_| ()).map_err(Clone::clone));
+            // The stall: nothing on this runtime runs meanwhile.
+            std::thread::sleep(freeze);
+            drop(task);
+        });
+    });
+    rx.await
+        .map_err(|_| "the frozen waiter's thread ended".to_owned())?
+}
