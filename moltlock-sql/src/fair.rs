@@ -181,7 +181,7 @@ impl<D: Dialect> Drop for Place<D> {
 }
 
 /// Waits in the key's queue of places, served in the order the database
-/// numbered them (see the [module docs](self)).
+/// numbered them (only the head tries the key; see the crate docs).
 ///
 /// # Cancel safety
 /// A dropped wait spawns the removal of its place on the current runtime;
