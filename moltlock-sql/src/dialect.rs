@@ -87,9 +87,9 @@ pub trait Queue: Send + Sync {
     /// Whether `key` has a live place.
     async fn occupied(&self, key: &LockKey) -> DbResult<bool>;
     /// Drops the key's dead places of others, puts `owner` at the tail if
-    /// it has no place, keeps its place alive for `live`, and answers
-    /// whether no live place is ahead of it.
-    async fn look(&self, key: &LockKey, owner: &Token, live: Duration) -> DbResult<bool>;
+    /// it has no place, keeps its place alive for `live`, and answers how
+    /// many live places are ahead of it.
+    async fn look(&self, key: &LockKey, owner: &Token, live: Duration) -> DbResult<u64>;
     /// Takes `owner`'s place out.
     async fn leave(&self, key: &LockKey, owner: &Token) -> DbResult<()>;
 }

@@ -6,7 +6,7 @@
 //! (a free key costs two statements). Otherwise, and when the key was held,
 //! the waiter takes a place at the tail and looks: each look drops the
 //! key's dead places, keeps its own alive for the TTL (at least 500 ms, by
-//! the database clock), and tells whether a live place is ahead of it. Only
+//! the database clock), and tells how many live places are ahead of it. Only
 //! the head tries the key, with the plain acquisition, and leaves the queue
 //! once it holds it; so fair waiters are served in arrival order and a fair
 //! newcomer never overtakes a queued waiter. A plain `lock()` may still
@@ -15,7 +15,10 @@
 //! Between looks a waiter sleeps until the key may have been released:
 //! Postgres wakes it by `LISTEN/NOTIFY` (its wait marks the hold, so the
 //! release notifies), at the latest after a third of its TTL; SQLite and
-//! MySQL have no notifications, and waiters look every 25 ms. A waiter that
+//! MySQL have no notifications, so waiters poll by their place: the head
+//! after 1 ms, doubling to 25 ms while the key stays held (never past the
+//! holder's time left), the next in line every 5 ms (so it looks soon after
+//! the head took the key), the rest every 25 ms. A waiter that
 //! stopped looking (a crash, a pause longer than the TTL) loses its place
 //! to the next look of anyone once its place's time has passed; a dropped
 //! wait takes its place out at once.
@@ -33,10 +36,19 @@ use crate::dialect::Dialect;
 
 /// The least time a place lives past a look.
 const LEAST_LIVE: Duration = Duration::from_millis(500);
-/// How often a waiter looks on a database with no notifications.
+/// How often a waiter further back looks on a database with no
+/// notifications, and the most a head's pause grows to.
 const POLL: Duration = Duration::from_millis(25);
+/// The head's first pause on such a database (doubled while the key stays
+/// held).
+const HEAD_FIRST: Duration = Duration::from_millis(1);
+/// How often the next in line looks on such a database.
+const NEXT_POLL: Duration = Duration::from_millis(5);
+/// A watch that answered within this answered at once (it found the key
+/// free).
+const AT_ONCE: Duration = Duration::from_millis(1);
 /// The least time between two looks of one waiter.
-const GAP: Duration = Duration::from_millis(10);
+const GAP: Duration = Duration::from_millis(1);
 /// Pause after a retryable failure.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
@@ -44,8 +56,29 @@ const RETRY_PAUSE: Duration = Duration::from_millis(200);
 enum Looked {
     /// The key is ours.
     Taken(Fence),
-    /// Wait: the head found the key held (as `Some`), or a place is ahead.
-    Wait(Option<Held>),
+    /// Wait: the head found the key held (as `Some`), or places are ahead.
+    Wait(Option<Held>, u64),
+}
+
+/// How long a waiter on a database with no notifications pauses: by its
+/// place in the queue (see the module docs); `head` is the head's next
+/// pause, doubled here.
+fn poll_pause(ahead: u64, head: &mut Duration) -> Duration {
+    match ahead {
+        0 => {
+            let pause = *head;
+            *head = (*head * 2).min(POLL);
+            pause
+        }
+        1 => {
+            *head = HEAD_FIRST;
+            NEXT_POLL
+        }
+        _ => {
+            *head = HEAD_FIRST;
+            POLL
+        }
+    }
 }
 
 impl<D: Dialect> SqlBackend<D> {
@@ -57,10 +90,10 @@ impl<D: Dialect> SqlBackend<D> {
             CasOutcome::Held(h) if h.holder.as_ref() == Some(token) => {
                 match self.cas(key, Some(token), token, ttl).await? {
                     CasOutcome::Acquired { fence } => Ok(Looked::Taken(fence)),
-                    CasOutcome::Held(h) => Ok(Looked::Wait(Some(h))),
+                    CasOutcome::Held(h) => Ok(Looked::Wait(Some(h), 0)),
                 }
             }
-            CasOutcome::Held(h) => Ok(Looked::Wait(Some(h))),
+            CasOutcome::Held(h) => Ok(Looked::Wait(Some(h), 0)),
         }
     }
 
@@ -68,22 +101,30 @@ impl<D: Dialect> SqlBackend<D> {
     async fn look(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Looked, Error> {
         let queue = D::queue(&self.inner);
         let live = ttl.max(LEAST_LIVE);
-        if self.run(queue.look(key, token, live)).await? {
-            return self.try_take(key, token, ttl).await;
+        match self.run(queue.look(key, token, live)).await? {
+            0 => self.try_take(key, token, ttl).await,
+            ahead => Ok(Looked::Wait(None, ahead)),
         }
-        Ok(Looked::Wait(None))
     }
 
-    /// Sleeps until the key may have been released, or `pause` passed.
+    /// Sleeps until the key may have been released, or a pause passed
+    /// (on a database with no notifications, by the waiter's place, with
+    /// the head's next pause in `head`). A watch answers at once while the
+    /// key is free and the head has not taken it yet: a waiter behind
+    /// others then sleeps its place's poll pause, as looking again at once
+    /// would only spin.
     async fn sleep(
         &self,
         watch: &mut Option<Box<dyn ReleaseWatch>>,
-        held: Option<Held>,
+        (held, ahead): (Option<Held>, u64),
+        head: &mut Duration,
         ttl: Duration,
     ) {
+        let started = Instant::now();
+        let polled = poll_pause(ahead, head);
         let mut pause = match watch {
             Some(_) => (ttl / 3).max(GAP),
-            None => POLL,
+            None => polled,
         };
         if let Some(left) = held.as_ref().and_then(|h| h.expires_in) {
             pause = pause.min(left + Duration::from_millis(1));
@@ -95,6 +136,9 @@ impl<D: Dialect> SqlBackend<D> {
         tokio::select! {
             told = w.released(&held) => if told.is_err() { *watch = None },
             _ = tokio::time::sleep(pause) => {}
+        }
+        if ahead > 0 && started.elapsed() < AT_ONCE {
+            tokio::time::sleep_until(started + polled).await;
         }
     }
 
@@ -121,6 +165,7 @@ impl<D: Dialect> SqlBackend<D> {
             token: token.clone(),
             left: false,
         };
+        let mut head = HEAD_FIRST;
         loop {
             let looked = Instant::now();
             match self.look(key, token, ttl).await {
@@ -128,7 +173,9 @@ impl<D: Dialect> SqlBackend<D> {
                     place.leave().await;
                     return Ok(fence);
                 }
-                Ok(Looked::Wait(held)) => self.sleep(&mut watch, held, ttl).await,
+                Ok(Looked::Wait(held, ahead)) => {
+                    self.sleep(&mut watch, (held, ahead), &mut head, ttl).await
+                }
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(%key, error = %e, "fair queue look failed; retrying");
                     tokio::time::sleep(RETRY_PAUSE).await;

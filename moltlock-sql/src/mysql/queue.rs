@@ -82,7 +82,7 @@ impl Queue for Shared<MySql> {
         Ok(found != 0)
     }
 
-    async fn look(&self, key: &LockKey, owner: &Token, live: Duration) -> DbResult<bool> {
+    async fn look(&self, key: &LockKey, owner: &Token, live: Duration) -> DbResult<u64> {
         let sql = &self.dialect.queue;
         let (key, owner) = (key.as_str(), owner.as_str());
         let placed = sqlx::query(&sql.place)
@@ -105,7 +105,7 @@ impl Queue for Shared<MySql> {
                 .execute(&self.pool)
                 .await?;
         }
-        Ok(ahead == 0)
+        Ok(u64::try_from(ahead).unwrap_or(0))
     }
 
     async fn leave(&self, key: &LockKey, owner: &Token) -> DbResult<()> {

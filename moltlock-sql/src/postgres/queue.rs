@@ -56,8 +56,8 @@ impl QueueSql {
                  VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond') \
                  ON CONFLICT (key, owner) DO UPDATE SET alive_until = EXCLUDED.alive_until \
                  RETURNING p.seq) \
-                 SELECT NOT EXISTS (SELECT 1 FROM {q} p, me WHERE {live} AND p.owner <> $2 \
-                 AND p.seq < me.seq)"
+                 SELECT count(*) FROM {q} p, me WHERE {live} AND p.owner <> $2 \
+                 AND p.seq < me.seq"
             ),
             leave: format!("DELETE FROM {q} WHERE key = $1 AND owner = $2"),
         })
@@ -75,13 +75,14 @@ impl Queue for Shared<Pg> {
             .await?)
     }
 
-    async fn look(&self, key: &LockKey, owner: &Token, live: Duration) -> DbResult<bool> {
-        Ok(sqlx::query_scalar(&self.dialect.queue.look)
+    async fn look(&self, key: &LockKey, owner: &Token, live: Duration) -> DbResult<u64> {
+        let ahead: i64 = sqlx::query_scalar(&self.dialect.queue.look)
             .bind(key.as_str())
             .bind(owner.as_str())
             .bind(millis(live))
             .fetch_one(&self.pool)
-            .await?)
+            .await?;
+        Ok(u64::try_from(ahead).unwrap_or(0))
     }
 
     async fn leave(&self, key: &LockKey, owner: &Token) -> DbResult<()> {

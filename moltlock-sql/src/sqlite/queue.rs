@@ -73,7 +73,7 @@ impl Queue for Shared<Sqlite> {
             .await?)
     }
 
-    async fn look(&self, key: &LockKey, owner: &Token, live: Duration) -> DbResult<bool> {
+    async fn look(&self, key: &LockKey, owner: &Token, live: Duration) -> DbResult<u64> {
         let sql = &self.dialect.queue;
         let (key, owner) = (key.as_str(), owner.as_str());
         let seq: i64 = sqlx::query_scalar(&sql.place)
@@ -95,7 +95,7 @@ impl Queue for Shared<Sqlite> {
                 .execute(&self.pool)
                 .await?;
         }
-        Ok(ahead == 0)
+        Ok(u64::try_from(ahead).unwrap_or(0))
     }
 
     async fn leave(&self, key: &LockKey, owner: &Token) -> DbResult<()> {
