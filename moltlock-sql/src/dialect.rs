@@ -92,6 +92,14 @@ pub trait Queue: Send + Sync {
     async fn look(&self, key: &LockKey, owner: &Token, live: Duration) -> DbResult<u64>;
     /// Takes `owner`'s place out.
     async fn leave(&self, key: &LockKey, owner: &Token) -> DbResult<()>;
+    /// The single acquisition of `w`, made only when the key has no live
+    /// place, in one statement; `None` where the dialect has no such
+    /// statement (the caller asks [`occupied`](Self::occupied) first). A
+    /// key with places answers as held (by nobody when it is free).
+    async fn take_unqueued(&self, w: Write<'_>) -> DbResult<Option<CasOutcome>> {
+        let _ = w;
+        Ok(None)
+    }
 }
 
 /// The dialect's operations (unnameable outside the crate, which seals

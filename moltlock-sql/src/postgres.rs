@@ -392,36 +392,18 @@ impl Statements {
     /// release, for the sweep.
     fn build(t: &str, seq: &str, ddl: Vec<String>, observed: bool) -> Self {
         let ms = "$3::bigint * interval '1 millisecond'";
-        let left = "(extract(epoch FROM expires_at - now()) * 1000)::bigint";
-        let (take_if, live) = match observed {
-            false => ("l.expires_at <= now()", "expires_at > now()"),
-            true => (
-                "l.owner = '' OR (l.owner = $4 AND l.version = $5)",
-                "owner <> ''",
-            ),
-        };
-        let held = match observed {
-            false => format!("GREATEST({left}, 0), {NOW_US}"),
-            true => "version, ttl_ms".to_owned(),
-        };
-        let granted_clock = match observed {
-            false => NOW_US,
-            true => "NULL::bigint",
+        let live = match observed {
+            false => "expires_at > now()",
+            true => "owner <> ''",
         };
         let shown_left = match observed {
-            false => left.to_owned(),
-            true => "NULL::bigint".to_owned(),
+            false => take::LEFT,
+            true => "NULL::bigint",
         };
         let values = format!("VALUES ($1, $2, nextval('{seq}'), now() + {ms}, now(), 1, $3)");
         let (take_all, take_any) = take::batch(t, seq, observed);
         Self {
-            acquire: format!(
-                "WITH ins AS ({} RETURNING fence) \
-                 SELECT fence, NULL::text AS owner, NULL::bigint AS a, {granted_clock} AS b FROM ins \
-                 UNION ALL SELECT NULL, owner, {held} FROM {t} \
-                 WHERE key = $1 AND owner <> '' AND NOT EXISTS (SELECT 1 FROM ins)",
-                take::upsert(t, &values, take_if)
-            ),
+            acquire: take::single(t, &values, observed),
             take_all,
             take_any,
             renew: format!(

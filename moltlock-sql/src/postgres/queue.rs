@@ -1,6 +1,8 @@
 //! The fair queue's places (see the crate's `fair` module) in the table
 //! `<table>_queue` beside the locks, numbered by a `bigserial`. One
-//! statement per look.
+//! statement per look, and one for a fair acquisition of a free key with
+//! no places (the plain acquisition, writing only when no live place is
+//! found).
 //!
 //! ```sql
 //! CREATE TABLE IF NOT EXISTS "moltlock_locks_queue" (
@@ -15,29 +17,38 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use moltlock_core::{Error, LockKey, Token};
+use moltlock_core::{CasOutcome, Error, LockKey, Token};
 
-use super::Pg;
+use super::{take, Pg};
 use crate::config::SqlConfig;
 use crate::convert::millis;
-use crate::dialect::{DbResult, Queue, Shared};
+use crate::dialect::{DbResult, Queue, Shared, Write};
 
 /// The queue's statements, built once from validated names.
 pub(super) struct QueueSql {
     /// Its `CREATE TABLE`.
     pub(super) ddl: String,
     occupied: String,
+    /// The single acquisition, writing only when the key has no live
+    /// place (store-clock mode).
+    take: String,
     look: String,
     leave: String,
 }
 
 impl QueueSql {
     pub(super) fn new(cfg: &SqlConfig) -> Result<Self, Error> {
-        let name = format!("{}_queue", cfg.checked_table()?);
-        let q = match cfg.checked_schema()? {
+        let table = cfg.checked_table()?;
+        let schema = cfg.checked_schema()?;
+        let named = |name: &str| match schema {
             Some(s) => format!("\"{s}\".\"{name}\""),
             None => format!("\"{name}\""),
         };
+        let (q, t, seq) = (
+            named(&format!("{table}_queue")),
+            named(table),
+            named(&format!("{table}_fence")),
+        );
         let logged = if cfg.unlogged { "UNLOGGED " } else { "" };
         let live = "p.key = $1 AND p.alive_until > now()";
         Ok(Self {
@@ -47,6 +58,15 @@ impl QueueSql {
                  UNIQUE (key, owner))"
             ),
             occupied: format!("SELECT EXISTS (SELECT 1 FROM {q} p WHERE {live})"),
+            take: take::single(
+                &t,
+                &format!(
+                    "SELECT $1::text, $2::text, nextval('{seq}'), \
+                     now() + $3::bigint * interval '1 millisecond', now(), 1, $3::bigint \
+                     WHERE NOT EXISTS (SELECT 1 FROM {q} p WHERE {live})"
+                ),
+                false,
+            ),
             // The snapshot does not show `me`'s row, and the other places
             // it shows are judged alive by the clock, so `gone` needs no
             // ordering against the final read.
@@ -83,6 +103,13 @@ impl Queue for Shared<Pg> {
             .fetch_one(&self.pool)
             .await?;
         Ok(u64::try_from(ahead).unwrap_or(0))
+    }
+
+    async fn take_unqueued(&self, w: Write<'_>) -> DbResult<Option<CasOutcome>> {
+        if self.observed.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(take::run(self, w, &self.dialect.queue.take).await?))
     }
 
     async fn leave(&self, key: &LockKey, owner: &Token) -> DbResult<()> {

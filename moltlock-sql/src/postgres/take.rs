@@ -51,6 +51,35 @@ pub(super) fn upsert(t: &str, source: &str, take_if: &str) -> String {
     )
 }
 
+/// The ms a hold has left, by the database clock.
+pub(super) const LEFT: &str = "(extract(epoch FROM expires_at - now()) * 1000)::bigint";
+
+/// The single acquisition of `$1` for `$2` for `$3` ms, the hold written
+/// from the row `source` yields (none: no write). Replies the fence taken,
+/// or the holder seen (see `Statements::build`); no row when it wrote
+/// nothing and saw no holder.
+pub(super) fn single(t: &str, source: &str, observed: bool) -> String {
+    let (take_if, held, granted_clock) = match observed {
+        false => (
+            "l.expires_at <= now()",
+            format!("GREATEST({LEFT}, 0), {NOW_US}"),
+            NOW_US,
+        ),
+        true => (
+            "l.owner = '' OR (l.owner = $4 AND l.version = $5)",
+            "version, ttl_ms".to_owned(),
+            "NULL::bigint",
+        ),
+    };
+    format!(
+        "WITH ins AS ({} RETURNING fence) \
+         SELECT fence, NULL::text AS owner, NULL::bigint AS a, {granted_clock} AS b FROM ins \
+         UNION ALL SELECT NULL, owner, {held} FROM {t} \
+         WHERE key = $1 AND owner <> '' AND NOT EXISTS (SELECT 1 FROM ins)",
+        upsert(t, source, take_if)
+    )
+}
+
 /// The batch statements `(all, any)` on table `t` with fence sequence
 /// `seq`. Parameters: keys `$1`, owner `$2`, TTL in ms `$3`, and in the
 /// observed-expiry mode the `(holder, version)` pairs a takeover may name,
@@ -147,8 +176,13 @@ impl Found {
 
 /// One statement (see `Statements::build`).
 pub(super) async fn acquire(db: &Shared<Pg>, w: Write<'_>) -> DbResult<CasOutcome> {
+    run(db, w, &db.dialect.sql.acquire).await
+}
+
+/// The single acquisition by `statement` (one built by [`single`]).
+pub(super) async fn run(db: &Shared<Pg>, w: Write<'_>, statement: &str) -> DbResult<CasOutcome> {
     let Write { key, new, ttl } = w;
-    let mut query = sqlx::query(&db.dialect.sql.acquire)
+    let mut query = sqlx::query(statement)
         .bind(key.as_str())
         .bind(new.as_str())
         .bind(millis(ttl));

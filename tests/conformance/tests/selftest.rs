@@ -84,7 +84,10 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
         Flaw::ListPrefixAsPattern => &["inspect_and_list_are_exact"],
         Flaw::InspectReportsLatestFence => &["inspect_and_list_are_exact"],
         Flaw::InspectReportsFirstHolder => &["release_request_reaches_only_its_holder"],
-        Flaw::FairBarges => &["fair_newcomer_does_not_barge"],
+        Flaw::FairBarges => &[
+            "fair_newcomer_does_not_barge",
+            "fair_newcomer_waits_behind_a_frozen_place",
+        ],
         Flaw::FairKeepsDroppedPlace => &["fair_dropped_waiter_leaves_the_queue"],
         Flaw::FairKeepsFrozenPlace => &["fair_frozen_waiter_loses_its_place"],
         Flaw::FairFenceSeparate => &["fences_rise_across_fair_and_plain"],

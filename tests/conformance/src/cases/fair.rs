@@ -1,7 +1,7 @@
 //! The fair queue: arrival order, no barging, dropped waiters leave.
 
 use super::common::*;
-use moltlock_core::{LockGuard, LockOptions};
+use moltlock_core::{Error, LockGuard, LockOptions};
 
 /// A fair hold of `k` on a manager of its own.
 async fn fair_holder(f: &Factory, k: &str) -> Result<(LockManager, LockGuard), String> {
@@ -172,6 +172,32 @@ pub async fn fair_frozen_waiter_loses_its_place(f: Factory) -> CaseResult {
         got >= released,
         "the waiter behind a frozen one got the key before the release"
     );
+    Ok(Outcome::Passed)
+}
+
+/// A fair newcomer that finds the key free while a queued waiter's place is
+/// alive (the waiter frozen just after it queued, so it cannot take the
+/// key) does not take it: a free key is taken at once only with an empty
+/// queue.
+pub async fn fair_newcomer_waits_behind_a_frozen_place(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let k = key("fair-frozen-newcomer");
+    let (_holder, first) = fair_holder(&f, &k).await?;
+    freeze_a_fair_waiter(f.clone(), k.clone(), ttl, ttl * 4 + Duration::from_secs(10)).await?;
+    let newcomer = manager(&f.open().await?, ttl)?;
+    first.release().await.map_err(err)?;
+    let opts = LockOptions::new().fair().timeout(Duration::from_millis(50));
+    match newcomer.acquire(&k, opts).await {
+        Err(Error::Timeout { .. }) | Ok(None) => {}
+        Ok(Some(_)) => {
+            return Err(
+                "a fair newcomer took the free key at once while a queued waiter's place was alive"
+                    .into(),
+            )
+        }
+        Err(e) => return Err(err(e)),
+    }
     Ok(Outcome::Passed)
 }
 
