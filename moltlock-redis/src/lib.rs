@@ -164,3 +164,5 @@ pub use redis;
 /// The Redis client [`RedisBackend::from_client`] takes (the same type as
 /// [`redis::Client`]), so an application needs no redis dependency of its own.
 pub use redis::Client;
+/// The Redis Cluster client [`RedisBackend::from_cluster_client`] takes.
+pub use redis::cluster::ClusterClient;

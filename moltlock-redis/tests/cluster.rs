@@ -90,7 +90,7 @@ async fn cas_multi_in_one_slot_and_across_slots() -> common::Res {
 /// cluster and wakes its waiters; a single-server configuration is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_from_the_applications_cluster_client() -> common::Res {
-    use moltlock_redis::redis::cluster::ClusterClient;
+    use moltlock_redis::ClusterClient;
     use moltlock_redis::RedisConfig;
 
     let cluster = fx::start_cluster()?;
