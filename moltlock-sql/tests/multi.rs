@@ -39,7 +39,7 @@ async fn on_postgres(check: Check, observed: bool) {
     let b = PostgresBackend::connect(cfg).await.unwrap();
     let ran = tokio::spawn(check(Arc::new(b.clone()))).await;
     for drop in [
-        format!("DROP TABLE IF EXISTS \"{table}\""),
+        format!("DROP TABLE IF EXISTS \"{table}\", \"{table}_queue\""),
         format!("DROP SEQUENCE IF EXISTS \"{table}_fence\""),
     ] {
         sqlx::query(&drop).execute(b.pool()).await.unwrap();
@@ -56,7 +56,7 @@ async fn on_mysql(check: Check) {
     let cfg = SqlConfig::from_url(&url).unwrap().table(&table);
     let b = MySqlBackend::connect(cfg).await.unwrap();
     let ran = tokio::spawn(check(Arc::new(b.clone()))).await;
-    let drop = format!("DROP TABLE IF EXISTS `{table}`, `{table}_floor`");
+    let drop = format!("DROP TABLE IF EXISTS `{table}`, `{table}_floor`, `{table}_queue`");
     sqlx::query(&drop).execute(b.pool()).await.unwrap();
     if let Err(e) = ran {
         std::panic::resume_unwind(e.into_panic());

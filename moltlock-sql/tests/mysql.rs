@@ -79,6 +79,7 @@ async fn release_writes_an_expiry_no_clock_step_revives() {
     for stmt in [
         format!("DROP TABLE `{table}`"),
         format!("DROP TABLE `{table}_floor`"),
+        format!("DROP TABLE `{table}_queue`"),
     ] {
         sqlx::query(&stmt).execute(&mut conn).await.unwrap();
     }
@@ -129,7 +130,11 @@ async fn a_backend_on_the_applications_pool_leaves_it_usable() {
     assert!(g.is_held());
     g.release().await.unwrap();
     // The application's pool still serves the application: it drops the table.
-    for t in [table.clone(), format!("{table}_floor")] {
+    for t in [
+        table.clone(),
+        format!("{table}_floor"),
+        format!("{table}_queue"),
+    ] {
         sqlx::query(&format!("DROP TABLE `{t}`"))
             .execute(&pool)
             .await

@@ -85,7 +85,7 @@ async fn concurrent_migrations_do_not_race() {
     let b = last.unwrap();
     b.migrate().await.unwrap();
     for stmt in [
-        format!("DROP TABLE {table}"),
+        format!("DROP TABLE {table}, {table}_queue"),
         format!("DROP SEQUENCE {table}_fence"),
     ] {
         sqlx::query(&stmt).execute(b.pool()).await.unwrap();
@@ -343,7 +343,7 @@ async fn sweep_keeps_a_row_whose_fence_is_above_the_sequence() {
         "fence {next} after {won}: the sweep lost the key's last fence"
     );
     for drop_it in [
-        format!("DROP TABLE \"{table}\""),
+        format!("DROP TABLE \"{table}\", \"{table}_queue\""),
         format!("DROP SEQUENCE \"{table}_fence\""),
     ] {
         sqlx::query(&drop_it).execute(b.pool()).await.unwrap();
@@ -418,7 +418,7 @@ async fn a_backend_on_the_applications_pool_leaves_it_usable() {
 /// Drops a test's lock table and its fence sequence.
 async fn drop_lock_table(pool: &sqlx::PgPool, table: &str) {
     for drop in [
-        format!("TABLE \"{table}\""),
+        format!("TABLE \"{table}\", \"{table}_queue\""),
         format!("SEQUENCE \"{table}_fence\""),
     ] {
         if let Err(e) = sqlx::query(&format!("DROP {drop}")).execute(pool).await {
