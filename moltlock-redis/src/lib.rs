@@ -161,8 +161,8 @@ pub use config::{
 };
 /// The Redis client library this backend is built on, for [`RedisBackend::from_client`].
 pub use redis;
+/// The Redis Cluster client [`RedisBackend::from_cluster_client`] takes.
+pub use redis::cluster::ClusterClient;
 /// The Redis client [`RedisBackend::from_client`] takes (the same type as
 /// [`redis::Client`]), so an application needs no redis dependency of its own.
 pub use redis::Client;
-/// The Redis Cluster client [`RedisBackend::from_cluster_client`] takes.
-pub use redis::cluster::ClusterClient;

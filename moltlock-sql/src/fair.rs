@@ -3,8 +3,8 @@
 //!
 //! A fair acquire first asks whether the key has a live place: a key with
 //! an empty queue is taken by the plain acquisition at once, with no place
-//! (a free key costs one statement on Postgres, whose acquisition checks
-//! the queue itself, and two elsewhere). Otherwise, and when the key was held,
+//! (a free key costs one statement on Postgres and SQLite, whose
+//! acquisition checks the queue itself, and two on MySQL). Otherwise, and when the key was held,
 //! the waiter takes a place at the tail and looks: each look drops the
 //! key's dead places, keeps its own alive for the TTL (at least 500 ms, by
 //! the database clock), and tells how many live places are ahead of it. Only
@@ -50,6 +50,13 @@ const NEXT_POLL: Duration = Duration::from_millis(5);
 const AT_ONCE: Duration = Duration::from_millis(1);
 /// The least time between two looks of one waiter.
 const GAP: Duration = Duration::from_millis(1);
+/// Pauses between the leaves of a dropped wait (then each second).
+const LEAVE_PAUSES: [Duration; 4] = [
+    Duration::from_millis(50),
+    Duration::from_millis(200),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+];
 /// Pause after a retryable failure.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
@@ -210,24 +217,47 @@ impl<D: Dialect> SqlBackend<D> {
     }
 }
 
-/// A waiter's place; leaving the queue (on drop, unless it left already)
-/// is spawned on the current runtime. Should that fail or no runtime be
-/// left, the place is dropped by the next look of any waiter once its time
-/// has passed.
+/// A waiter's place. Dropped before it left (a dropped wait, or a leave
+/// that failed), it leaves in a task spawned on the current runtime, again
+/// and again until the backend's late-write bound has passed: a look
+/// dropped in flight may still land after the first leave and put the
+/// place back. Should that fail, or no runtime be left, the place is
+/// dropped by the next look of any waiter once its time has passed.
 struct Place<D: Dialect> {
     backend: SqlBackend<D>,
     key: LockKey,
     token: Token,
+    /// Whether the place is gone (or, for the spawned leaver, that its own
+    /// drop must not spawn another).
     left: bool,
 }
 
 impl<D: Dialect> Place<D> {
-    /// Leaves the queue now (the head, once it holds the key).
+    /// Leaves the queue now (the head, once it holds the key); `left` only
+    /// once the database answered.
     async fn leave(&mut self) {
-        self.left = true;
         let queue = D::queue(&self.backend.inner);
-        if let Err(e) = self.backend.run(queue.leave(&self.key, &self.token)).await {
-            tracing::debug!(error = %e, "could not leave the fair queue; the place ends with its time");
+        match self.backend.run(queue.leave(&self.key, &self.token)).await {
+            Ok(()) => self.left = true,
+            Err(e) => tracing::debug!(error = %e, "could not leave the fair queue"),
+        }
+    }
+
+    /// Leaves at once and after each of [`LEAVE_PAUSES`] (then each
+    /// second), the last time after the late-write bound has passed.
+    async fn leave_until_settled(mut self) {
+        let bound = self.backend.limits().late_write;
+        let started = Instant::now();
+        let mut pauses = LEAVE_PAUSES.iter();
+        let mut pause = Duration::ZERO;
+        loop {
+            let after_bound = started.elapsed() > bound;
+            self.leave().await;
+            if after_bound {
+                return;
+            }
+            pause = pauses.next().copied().unwrap_or(pause);
+            tokio::time::sleep(pause).await;
         }
     }
 }
@@ -240,13 +270,13 @@ impl<D: Dialect> Drop for Place<D> {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let mut place = Place {
+        let leaver = Place {
             backend: self.backend.clone(),
             key: self.key.clone(),
             token: self.token.clone(),
             left: true,
         };
-        handle.spawn(async move { place.leave().await });
+        handle.spawn(leaver.leave_until_settled());
     }
 }
 
@@ -254,9 +284,11 @@ impl<D: Dialect> Drop for Place<D> {
 /// numbered them (only the head tries the key; see the crate docs).
 ///
 /// # Cancel safety
-/// A dropped wait spawns the removal of its place on the current runtime;
-/// should that fail, or no runtime be left, the place is dropped by another
-/// waiter's look once its time (the TTL, at least 500 ms) has passed. A
+/// A dropped wait spawns the removal of its place on the current runtime,
+/// repeated until the backend's late-write bound has passed (a look
+/// dropped in flight may land late); should that fail, or no runtime be
+/// left, the place is dropped by another waiter's look once its time (the
+/// TTL, at least 500 ms) has passed. A
 /// hold taken as the future was dropped lives until the manager's
 /// owner-checked delete removes it.
 #[async_trait]

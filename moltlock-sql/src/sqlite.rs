@@ -368,6 +368,18 @@ fn next_fence(seq: &str) -> String {
     format!("(SELECT max(value + 1, {NOW} * 1000) FROM {seq} WHERE id = 1)")
 }
 
+/// The single acquisition: writes the row `source` yields (`?1` for `?2`
+/// for `?3` ms), over a row of the key only `WHERE take_if`; replies the
+/// fence taken.
+fn upsert(t: &str, source: &str, take_if: &str) -> String {
+    format!(
+        "INSERT INTO {t} (key, owner, fence, expires_at, acquired_at, version, ttl_ms) {source} \
+         ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, \
+         expires_at = excluded.expires_at, acquired_at = excluded.acquired_at, info = NULL, \
+         version = {t}.version + 1, ttl_ms = excluded.ttl_ms WHERE {take_if} RETURNING fence"
+    )
+}
+
 impl Statements {
     fn new(cfg: &SqlConfig) -> Result<Self, Error> {
         let name = cfg.checked_table()?;
@@ -433,13 +445,10 @@ impl Statements {
         ddl.extend(Self::counter_ddl(name, seq));
         Self {
             observed,
-            acquire: format!(
-                "INSERT INTO {t} (key, owner, fence, expires_at, acquired_at, version, ttl_ms) \
-                 VALUES (?1, ?2, {next}, {NOW} + ?3, {NOW}, 1, ?3) \
-                 ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, \
-                 expires_at = excluded.expires_at, acquired_at = excluded.acquired_at, info = NULL, \
-                 version = {t}.version + 1, ttl_ms = excluded.ttl_ms \
-                 WHERE {take_if} RETURNING fence"
+            acquire: upsert(
+                &t,
+                &format!("VALUES (?1, ?2, {next}, {NOW} + ?3, {NOW}, 1, ?3)"),
+                &take_if,
             ),
             holder: format!("SELECT {holder} FROM {t} WHERE key = ?1"),
             renew: format!(
@@ -457,9 +466,7 @@ impl Statements {
             ),
             delete: format!("DELETE FROM {t} WHERE key = ?1 AND owner = ?2 AND {live}"),
             raise: format!("UPDATE {seq} SET value = max(value, ?1) WHERE id = 1"),
-            describe: format!(
-                "UPDATE {t} SET info = ?3 WHERE key = ?1 AND owner = ?2 AND {live}"
-            ),
+            describe: format!("UPDATE {t} SET info = ?3 WHERE key = ?1 AND owner = ?2 AND {live}"),
             inspect: format!(
                 "SELECT key, owner, fence, {left}, info FROM {t} WHERE key = ?1 AND {live}"
             ),
@@ -475,7 +482,9 @@ impl Statements {
             .iter()
             .map(|(column, decl)| {
                 (
-                    format!("SELECT count(*) FROM pragma_table_info('{name}') WHERE name = '{column}'"),
+                    format!(
+                        "SELECT count(*) FROM pragma_table_info('{name}') WHERE name = '{column}'"
+                    ),
                     format!("ALTER TABLE {t} ADD COLUMN {column} {decl}"),
                 )
             })

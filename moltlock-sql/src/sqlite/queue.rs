@@ -1,7 +1,9 @@
 //! The fair queue's places (see the crate's `fair` module) in the table
 //! `<table>_queue` beside the locks, numbered by `AUTOINCREMENT` (never
 //! reused). A look is one upsert and one read; dead places of the key are
-//! deleted only when the read found some.
+//! deleted only when the read found some. A fair acquisition of a free key
+//! with no places is one statement: the plain acquisition, writing only
+//! when no live place is found.
 //!
 //! ```sql
 //! CREATE TABLE IF NOT EXISTS "moltlock_locks_queue" (
@@ -13,18 +15,22 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use moltlock_core::{Error, LockKey, Token};
+use moltlock_core::{CasOutcome, Error, LockKey, Token};
+use tokio::time::Instant;
 
-use super::{Sqlite, NOW};
+use super::{judge, next_fence, upsert, Found, Sqlite, NOW};
 use crate::config::SqlConfig;
 use crate::convert::millis;
-use crate::dialect::{DbResult, Queue, Shared};
+use crate::dialect::{DbResult, Queue, Shared, Write};
 
 /// The queue's statements, built once from a validated name.
 pub(super) struct QueueSql {
     /// Its `CREATE TABLE`.
     pub(super) ddl: String,
     occupied: String,
+    /// The single acquisition, writing only when the key has no live
+    /// place (store-clock mode).
+    take: String,
     place: String,
     ahead: String,
     purge: String,
@@ -33,7 +39,9 @@ pub(super) struct QueueSql {
 
 impl QueueSql {
     pub(super) fn new(cfg: &SqlConfig) -> Result<Self, Error> {
-        let q = format!("\"{}_queue\"", cfg.checked_table()?);
+        let name = cfg.checked_table()?;
+        let (t, q) = (format!("\"{name}\""), format!("\"{name}_queue\""));
+        let next = next_fence(&format!("\"{name}_fence\""));
         Ok(Self {
             ddl: format!(
                 "CREATE TABLE IF NOT EXISTS {q} (seq INTEGER PRIMARY KEY AUTOINCREMENT, \
@@ -42,6 +50,14 @@ impl QueueSql {
             ),
             occupied: format!(
                 "SELECT EXISTS (SELECT 1 FROM {q} WHERE key = ?1 AND alive_until > {NOW})"
+            ),
+            take: upsert(
+                &t,
+                &format!(
+                    "SELECT ?1, ?2, {next}, {NOW} + ?3, {NOW}, 1, ?3 WHERE NOT EXISTS \
+                     (SELECT 1 FROM {q} WHERE key = ?1 AND alive_until > {NOW})"
+                ),
+                &format!("{t}.expires_at <= {NOW}"),
             ),
             place: format!(
                 "INSERT INTO {q} (key, owner, alive_until) VALUES (?1, ?2, {NOW} + ?3) \
@@ -96,6 +112,24 @@ impl Queue for Shared<Sqlite> {
                 .await?;
         }
         Ok(u64::try_from(ahead).unwrap_or(0))
+    }
+
+    async fn take_unqueued(&self, w: Write<'_>) -> DbResult<Option<CasOutcome>> {
+        if self.observed.is_some() {
+            return Ok(None);
+        }
+        let sent_at = Instant::now();
+        let fence: Option<i64> = sqlx::query_scalar(&self.dialect.queue.take)
+            .bind(w.key.as_str())
+            .bind(w.new.as_str())
+            .bind(millis(w.ttl))
+            .fetch_optional(&self.pool)
+            .await?;
+        let found = match fence {
+            Some(f) => Found::Taken(f),
+            None => Found::Busy(None),
+        };
+        Ok(Some(judge(self, w, sent_at, found)?))
     }
 
     async fn leave(&self, key: &LockKey, owner: &Token) -> DbResult<()> {
