@@ -156,7 +156,8 @@ impl<D: Dialect> SqlBackend<D> {
     }
 
     /// Deletes rows released or expired for longer than
-    /// `RETENTION` (1 h); returns how many. Fences stay
+    /// `RETENTION` (1 h), and on Postgres fair-queue places dead for as
+    /// long; returns how many rows. Fences stay
     /// monotonic (see the dialect's module docs). SQLite deletes released
     /// rows at once and has nothing to sweep: 0.
     ///

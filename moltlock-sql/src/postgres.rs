@@ -376,7 +376,15 @@ impl Statements {
         ));
         ddl.push(queue::QueueSql::new(cfg)?.ddl);
         let observed = cfg.expiry == Expiry::Observed;
-        Ok(Self::build(&t, &seq, ddl, observed))
+        let mut sql = Self::build(&t, &seq, ddl, observed);
+        // Places of waiters gone for an hour, on keys nobody waited for since.
+        sql.sweep = format!(
+            "WITH places AS (DELETE FROM {} WHERE alive_until < now() - $1::bigint * interval \
+             '1 millisecond') {}",
+            q(&format!("{table}_queue")),
+            sql.sweep
+        );
+        Ok(sql)
     }
 
     /// One table serves both expiry modes, so nodes in different modes

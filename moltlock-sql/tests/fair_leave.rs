@@ -34,6 +34,16 @@ async fn dropped_wait(backend: impl Backend + 'static, key: &str) {
     assert!(matches!(got, Err(Error::Timeout { .. })), "{got:?}");
 }
 
+/// Drops a Postgres test's lock table, queue table and fence sequence.
+async fn drop_tables(pool: &sqlx::PgPool, t: &str) {
+    for stmt in [
+        format!("DROP TABLE IF EXISTS \"{t}\", \"{t}_queue\""),
+        format!("DROP SEQUENCE IF EXISTS \"{t}_fence\""),
+    ] {
+        sqlx::query(&stmt).execute(pool).await.unwrap();
+    }
+}
+
 /// How long after the database let the held-up look land its place is
 /// looked for: past the dropped wait's later leaves.
 const SETTLED: Duration = Duration::from_millis(1500);
@@ -101,12 +111,32 @@ async fn postgres_dropped_wait_held_up_by_a_row_lock_leaves_no_place() {
     tokio::time::sleep(SETTLED).await;
     let sql = format!("SELECT owner FROM \"{t}_queue\" WHERE key = 'k' AND owner <> 'ghost'");
     let left: Vec<String> = sqlx::query_scalar(&sql).fetch_all(&pool).await.unwrap();
-    for stmt in [
-        format!("DROP TABLE IF EXISTS \"{t}\", \"{t}_queue\""),
-        format!("DROP SEQUENCE IF EXISTS \"{t}_fence\""),
-    ] {
-        sqlx::query(&stmt).execute(&pool).await.unwrap();
-    }
+    drop_tables(&pool, &t).await;
     // The late look deleted the dead place; its own must be gone too.
     assert!(left.is_empty(), "places left behind: {left:?}");
+}
+
+/// The sweep deletes places whose time ended more than an hour ago (a
+/// waiter that vanished from a key nobody waited for since), and no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_sweep_deletes_places_dead_for_an_hour() {
+    let url = moltlock_fixtures::postgres::shared_url().unwrap_or_else(|e| panic!("{e}"));
+    let t = table();
+    let backend = PostgresBackend::connect(SqlConfig::from_url(&url).unwrap().table(&t))
+        .await
+        .unwrap();
+    let pool = backend.pool().clone();
+    sqlx::query(&format!(
+        "INSERT INTO \"{t}_queue\" (key, owner, alive_until) VALUES \
+         ('k', 'old', now() - interval '2 hours'), ('k', 'recent', now() - interval '1 minute'), \
+         ('k', 'live', now() + interval '1 minute')"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    backend.sweep().await.unwrap();
+    let sql = format!("SELECT owner FROM \"{t}_queue\" ORDER BY owner");
+    let left: Vec<String> = sqlx::query_scalar(&sql).fetch_all(&pool).await.unwrap();
+    drop_tables(&pool, &t).await;
+    assert_eq!(left, ["live", "recent"]);
 }
