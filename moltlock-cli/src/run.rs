@@ -156,7 +156,8 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
         .build()?;
     if args.fair && manager.backend().fair_queue().is_none() {
         return Err(Failure::usage(format!(
-            "--fair needs a store with a fair queue (etcd, Redis, SQLite, Postgres, MySQL; not a migration in its `both` phase); {} has none",
+            "--fair needs a store with a fair queue; {} has none (every store has one, a \
+             migration in its `both` phase has not)",
             manager.backend().name()
         )));
     }

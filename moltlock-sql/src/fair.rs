@@ -4,14 +4,15 @@
 //! A fair acquire first asks whether the key has a live place: a key with
 //! an empty queue is taken by the plain acquisition at once, with no place
 //! (a free key costs one statement on Postgres and SQLite, whose
-//! acquisition checks the queue itself, and two on MySQL). Otherwise, and when the key was held,
-//! the waiter takes a place at the tail and looks: each look drops the
-//! key's dead places, keeps its own alive for the TTL (at least 500 ms, by
-//! the database clock), and tells how many live places are ahead of it. Only
-//! the head tries the key, with the plain acquisition, and leaves the queue
-//! once it holds it; so fair waiters are served in arrival order and a fair
-//! newcomer never overtakes a queued waiter. A plain `lock()` may still
-//! take a free key before the head does, as on every fair backend.
+//! acquisition checks the queue itself, and two on MySQL). Otherwise, and
+//! when the key was held, the waiter takes a place at the tail and looks:
+//! each look drops the key's dead places, keeps its own alive for the TTL
+//! (at least 500 ms, by the database clock), and tells how many live places
+//! are ahead of it. Only the head tries the key, with the plain
+//! acquisition, and leaves the queue once it holds it; so fair waiters are
+//! served in arrival order and a fair newcomer never overtakes a queued
+//! waiter. A plain `lock()` may still take a free key before the head does,
+//! as on every fair backend.
 //!
 //! Between looks a waiter sleeps until the key may have been released:
 //! Postgres wakes it by `LISTEN/NOTIFY` (its wait marks the hold, so the
@@ -19,10 +20,11 @@
 //! MySQL have no notifications, so waiters poll by their place: the head
 //! after 1 ms, doubling to 25 ms while the key stays held (never past the
 //! holder's time left), the next in line every 5 ms (so it looks soon after
-//! the head took the key), the rest every 25 ms. A waiter that
-//! stopped looking (a crash, a pause longer than the TTL) loses its place
-//! to the next look of anyone once its place's time has passed; a dropped
-//! wait takes its place out at once.
+//! the head took the key), the rest every 25 ms. A waiter that stopped
+//! looking (a crash, a pause longer than the TTL) loses its place to the
+//! next look of anyone once its place's time has passed; a dropped wait
+//! takes its place out at once (and again until a look it dropped in flight
+//! can no longer land).
 
 use std::time::Duration;
 

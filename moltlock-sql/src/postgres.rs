@@ -333,6 +333,14 @@ struct Statements {
     ddl: Vec<String>,
 }
 
+/// `name` quoted, in `schema` when there is one.
+fn qualified(schema: Option<&str>, name: &str) -> String {
+    match schema {
+        Some(s) => format!("\"{s}\".\"{name}\""),
+        None => format!("\"{name}\""),
+    }
+}
+
 /// Adds a column to a table made before it existed. Checked first:
 /// `ALTER TABLE` takes the table's strongest lock even when it changes
 /// nothing.
@@ -348,10 +356,7 @@ impl Statements {
     fn new(cfg: &SqlConfig) -> Result<Self, Error> {
         let table = cfg.checked_table()?;
         let schema = cfg.checked_schema()?;
-        let q = |name: &str| match schema {
-            Some(s) => format!("\"{s}\".\"{name}\""),
-            None => format!("\"{name}\""),
-        };
+        let q = |name: &str| qualified(schema, name);
         let (t, seq) = (q(table), q(&format!("{table}_fence")));
         let mut ddl = Vec::new();
         if let Some(s) = schema {

@@ -44,6 +44,23 @@ async fn drop_tables(pool: &sqlx::PgPool, t: &str) {
     }
 }
 
+/// A Postgres backend on a fresh table of the shared server, its pool and
+/// the table's name.
+async fn postgres() -> (PostgresBackend, sqlx::PgPool, String) {
+    let url = moltlock_fixtures::postgres::shared_url().unwrap_or_else(|e| panic!("{e}"));
+    let t = table();
+    let backend = PostgresBackend::connect(SqlConfig::from_url(&url).unwrap().table(&t))
+        .await
+        .unwrap();
+    let pool = backend.pool().clone();
+    (backend, pool, t)
+}
+
+/// The places of key `k` in `t`'s queue other than the ghost ahead.
+fn others(t: &str) -> String {
+    format!("SELECT owner FROM \"{t}_queue\" WHERE key = 'k' AND owner <> 'ghost'")
+}
+
 /// How long after the database let the held-up look land its place is
 /// looked for: past the dropped wait's later leaves.
 const SETTLED: Duration = Duration::from_millis(1500);
@@ -76,19 +93,16 @@ async fn sqlite_dropped_wait_held_up_by_a_writer_leaves_no_place() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     sqlx::query("COMMIT").execute(&mut other).await.unwrap();
     tokio::time::sleep(SETTLED).await;
-    let sql = format!("SELECT owner FROM \"{t}_queue\" WHERE key = 'k' AND owner <> 'ghost'");
-    let left: Vec<String> = sqlx::query_scalar(&sql).fetch_all(&pool).await.unwrap();
+    let left: Vec<String> = sqlx::query_scalar(&others(&t))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
     assert!(left.is_empty(), "places left behind: {left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_dropped_wait_held_up_by_a_row_lock_leaves_no_place() {
-    let url = moltlock_fixtures::postgres::shared_url().unwrap_or_else(|e| panic!("{e}"));
-    let t = table();
-    let backend = PostgresBackend::connect(SqlConfig::from_url(&url).unwrap().table(&t))
-        .await
-        .unwrap();
-    let pool = backend.pool().clone();
+    let (backend, pool, t) = postgres().await;
     // A live place ahead, and a dead one the look must delete, locked by
     // another transaction.
     sqlx::query(&format!(
@@ -109,8 +123,10 @@ async fn postgres_dropped_wait_held_up_by_a_row_lock_leaves_no_place() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     other.commit().await.unwrap();
     tokio::time::sleep(SETTLED).await;
-    let sql = format!("SELECT owner FROM \"{t}_queue\" WHERE key = 'k' AND owner <> 'ghost'");
-    let left: Vec<String> = sqlx::query_scalar(&sql).fetch_all(&pool).await.unwrap();
+    let left: Vec<String> = sqlx::query_scalar(&others(&t))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
     drop_tables(&pool, &t).await;
     // The late look deleted the dead place; its own must be gone too.
     assert!(left.is_empty(), "places left behind: {left:?}");
@@ -120,12 +136,7 @@ async fn postgres_dropped_wait_held_up_by_a_row_lock_leaves_no_place() {
 /// waiter that vanished from a key nobody waited for since), and no other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_sweep_deletes_places_dead_for_an_hour() {
-    let url = moltlock_fixtures::postgres::shared_url().unwrap_or_else(|e| panic!("{e}"));
-    let t = table();
-    let backend = PostgresBackend::connect(SqlConfig::from_url(&url).unwrap().table(&t))
-        .await
-        .unwrap();
-    let pool = backend.pool().clone();
+    let (backend, pool, t) = postgres().await;
     sqlx::query(&format!(
         "INSERT INTO \"{t}_queue\" (key, owner, alive_until) VALUES \
          ('k', 'old', now() - interval '2 hours'), ('k', 'recent', now() - interval '1 minute'), \

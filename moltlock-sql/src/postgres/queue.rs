@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use moltlock_core::{CasOutcome, Error, LockKey, Token};
 
-use super::{take, Pg};
+use super::{qualified, take, Pg};
 use crate::config::SqlConfig;
 use crate::convert::millis;
 use crate::dialect::{DbResult, Queue, Shared, Write};
@@ -40,10 +40,7 @@ impl QueueSql {
     pub(super) fn new(cfg: &SqlConfig) -> Result<Self, Error> {
         let table = cfg.checked_table()?;
         let schema = cfg.checked_schema()?;
-        let named = |name: &str| match schema {
-            Some(s) => format!("\"{s}\".\"{name}\""),
-            None => format!("\"{name}\""),
-        };
+        let named = |name: &str| qualified(schema, name);
         let (q, t, seq) = (
             named(&format!("{table}_queue")),
             named(table),

@@ -1,7 +1,7 @@
 //! The fair queue: arrival order, no barging, dropped waiters leave.
 
 use super::common::*;
-use moltlock_core::{Error, LockGuard, LockOptions};
+use moltlock_core::{LockGuard, LockOptions};
 
 /// A fair hold of `k` on a manager of its own.
 async fn fair_holder(f: &Factory, k: &str) -> Result<(LockManager, LockGuard), String> {
@@ -142,12 +142,9 @@ pub async fn fair_queue_serves_in_arrival_order(f: Factory) -> CaseResult {
 /// own that then stalls (as a crashed or stopped process does: nothing of
 /// it runs, nothing of it is dropped).
 pub async fn fair_frozen_waiter_loses_its_place(f: Factory) -> CaseResult {
-    let b = f.open().await?;
-    let ttl = short_ttl(&b);
-    let k = key("fair-frozen");
-    let (_holder, first) = fair_holder(&f, &k).await?;
-    let freeze = ttl * 4 + Duration::from_secs(10);
-    freeze_a_fair_waiter(f.clone(), k.clone(), ttl, freeze).await?;
+    let Frozen {
+        b, ttl, k, first, ..
+    } = behind_a_frozen_waiter(&f, "fair-frozen").await?;
     let behind_m = manager(&f.open().await?, ttl)?;
     let k2 = k.clone();
     let behind = tokio::spawn(async move {
@@ -180,11 +177,7 @@ pub async fn fair_frozen_waiter_loses_its_place(f: Factory) -> CaseResult {
 /// key) does not take it: a free key is taken at once only with an empty
 /// queue.
 pub async fn fair_newcomer_waits_behind_a_frozen_place(f: Factory) -> CaseResult {
-    let b = f.open().await?;
-    let ttl = short_ttl(&b);
-    let k = key("fair-frozen-newcomer");
-    let (_holder, first) = fair_holder(&f, &k).await?;
-    freeze_a_fair_waiter(f.clone(), k.clone(), ttl, ttl * 4 + Duration::from_secs(10)).await?;
+    let Frozen { ttl, k, first, .. } = behind_a_frozen_waiter(&f, "fair-frozen-newcomer").await?;
     let frozen = Instant::now();
     let newcomer = manager(&f.open().await?, ttl)?;
     first.release().await.map_err(err)?;
@@ -206,6 +199,33 @@ pub async fn fair_newcomer_waits_behind_a_frozen_place(f: Factory) -> CaseResult
         Err(e) => return Err(err(e)),
     }
     Ok(Outcome::Passed)
+}
+
+/// A fair hold of a fresh key with a fair waiter frozen behind it.
+struct Frozen {
+    b: Arc<dyn Backend>,
+    ttl: Duration,
+    k: String,
+    _holder: LockManager,
+    first: LockGuard,
+}
+
+/// Holds a fresh key named after `name` fairly and freezes a fair waiter
+/// behind the hold for far longer than its TTL.
+async fn behind_a_frozen_waiter(f: &Factory, name: &str) -> Result<Frozen, String> {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let k = key(name);
+    let (_holder, first) = fair_holder(f, &k).await?;
+    let freeze = ttl * 4 + Duration::from_secs(10);
+    freeze_a_fair_waiter(f.clone(), k.clone(), ttl, freeze).await?;
+    Ok(Frozen {
+        b,
+        ttl,
+        k,
+        _holder,
+        first,
+    })
 }
 
 /// Starts a fair waiter for `k` on a runtime of its own, in a thread of
