@@ -15,7 +15,7 @@ use crate::config::{Mode, RedisConfig};
 use crate::conn::{self, Conn};
 use crate::error::{bad_reply, map, timed_out, NAME};
 use crate::keys::Layout;
-use crate::pubsub::Notifier;
+use crate::pubsub::{Notifier, TURN};
 use crate::scripts::{self, ACQUIRE, RELEASE, SWAP};
 
 /// The shortest TTL this backend accepts.
@@ -50,6 +50,9 @@ pub(crate) struct Inner {
     /// the nodes of a Cluster each have a clock of their own, and a reply
     /// does not say which node sent it).
     pub(crate) clock: StoreClock,
+    /// This instance's id, named in the turns of a key (see the `ACQUIRE`
+    /// script).
+    pub(crate) me: String,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -140,6 +143,7 @@ impl RedisBackend {
             clients,
             notifier: OnceCell::new(),
             clock: StoreClock::new(),
+            me: Token::random().as_str().to_owned(),
         };
         Self {
             inner: Arc::new(inner),
@@ -220,6 +224,14 @@ impl RedisBackend {
         }
     }
 
+    /// Whether a waiter of this instance is subscribed to `key`'s releases.
+    fn waits_for(&self, key: &LockKey) -> bool {
+        self.inner
+            .notifier
+            .get()
+            .is_some_and(|n| n.waits_for(&self.inner.layout.channel(key)))
+    }
+
     pub(crate) async fn notifier(&self) -> &Notifier {
         self.inner
             .notifier
@@ -228,6 +240,7 @@ impl RedisBackend {
                     self.inner.clients.clone(),
                     self.inner.layout.channel_pattern(),
                     self.inner.cfg.connect_timeout,
+                    self.inner.me.clone(),
                 )
             })
             .await
@@ -293,15 +306,20 @@ impl Backend for RedisBackend {
         let layout = &self.inner.layout;
         let (lock, fence, ttl) = (layout.lock(key), layout.fence(key), millis(ttl));
         let (info, wait) = (layout.info(key), layout.wait(key));
-        let keys = [lock.as_str(), fence.as_str(), info.as_str(), wait.as_str()];
         let keep = self.keep();
         let sent_at = Instant::now();
         let reply: CasReply = match expected {
             None => {
-                let args = [new.as_str(), &ttl, &keep, &self.quarantine()];
-                self.script(&ACQUIRE, &keys, &args).await?
+                let (turns, next) = layout.turns(key);
+                let keys = [&lock, &fence, &info, &wait, &turns, &next];
+                let waiting = if self.waits_for(key) { "1" } else { "0" };
+                let me = &self.inner.me;
+                let args = [new.as_str(), &ttl, &keep, &self.quarantine(), me, waiting];
+                self.script(&ACQUIRE, &keys.map(String::as_str), &args)
+                    .await?
             }
             Some(old) => {
+                let keys = [&lock, &fence, &info, &wait].map(String::as_str);
                 let args = [old.as_str(), new.as_str(), &ttl, &keep];
                 self.script(&SWAP, &keys, &args).await?
             }
@@ -316,12 +334,13 @@ impl Backend for RedisBackend {
         key.check_len(LIMITS.max_key_len)?;
         let layout = &self.inner.layout;
         let (lock, info, channel) = (layout.lock(key), layout.info(key), layout.channel(key));
-        let wait = layout.wait(key);
+        let (wait, (turns, next)) = (layout.wait(key), layout.turns(key));
+        let turn = millis(TURN);
         let done: i64 = self
             .script(
                 &RELEASE,
-                &[&lock, &info, &wait],
-                &[owner.as_str(), &channel],
+                &[&lock, &info, &wait, &turns, &next],
+                &[owner.as_str(), &channel, &turn],
             )
             .await?;
         Ok(done == 1)

@@ -7,9 +7,10 @@
 //! semaphore or read-write lock shares the hash tag of its name, and so one
 //! Cluster slot. The fence of a lock key is at `<lock key>:fence` (no expiry
 //! unless a fence retention is set), its description at `<lock key>:info`,
-//! a waiter's mark at `<lock key>:wait`, its fair queue at
-//! `<lock key>:queue` and `<lock key>:alive`, and its release channel is
-//! named like the lock key.
+//! a waiter's mark at `<lock key>:wait`, the instances waiting for
+//! its next turn at `<lock key>:turns` and the turn's reservation at
+//! `<lock key>:next`, its fair queue at `<lock key>:queue` and
+//! `<lock key>:alive`, and its release channel is named like the lock key.
 //!
 //! `esc` replaces `%` with `%25` and `}` with `%7D`, so the braces always
 //! enclose a non-empty hash tag; `esc_rest` also replaces `:` with `%3A`,
@@ -72,6 +73,14 @@ impl Layout {
     /// hash tag): a release publishes only while it exists.
     pub(crate) fn wait(&self, key: &LockKey) -> String {
         format!("{}:wait", self.lock(key))
+    }
+
+    /// The instances waiting for the lock's next turn (a set) and the
+    /// instance the current turn is reserved for, same hash tag (see the
+    /// `ACQUIRE` script).
+    pub(crate) fn turns(&self, key: &LockKey) -> (String, String) {
+        let lock = self.lock(key);
+        (format!("{lock}:turns"), format!("{lock}:next"))
     }
 
     /// The fair queue's places (a sorted set: token by arrival) and their

@@ -9,8 +9,14 @@
 //! when it comes back, every key is bumped once (releases may have been
 //! missed meanwhile); in between a waiter's `released()` waits for the
 //! reconnection and the manager's own timer polls.
+//!
+//! A release that hands the next turn to one instance (see the `ACQUIRE`
+//! and `RELEASE` scripts) names it: `turn:<instance id>`. That instance's
+//! waiters are woken at once; another instance's are woken one [`TURN`]
+//! later (at most one such wake per key and turn), when the turn has been
+//! taken or has lapsed, so a release sets one process going, not all.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -24,9 +30,22 @@ use crate::error::{map, timed_out, NAME};
 /// The longest pause between two reconnection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
+/// How long a release keeps the key for the waiting instance it drew
+/// (see the `ACQUIRE` script): long enough for its woken waiter to send
+/// its attempt on a busy machine, short enough that a turn drawn for a
+/// waiter that has just given up costs little.
+pub(crate) const TURN: Duration = Duration::from_millis(20);
+
+/// The announcement of a turn handed to an instance: this, then its id.
+const TURN_TAG: &str = "turn:";
+
 /// State shared by the subscriber task and the waiters.
 struct Shared {
     keys: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// The channels whose waiters are to be woken a turn from now.
+    later: Mutex<HashSet<String>>,
+    /// This instance's id, as a turn names it.
+    me: String,
     /// `None` until the first connection attempt ends; then whether the
     /// subscription is live.
     up: watch::Sender<Option<bool>>,
@@ -41,6 +60,36 @@ impl Shared {
         if let Some(tx) = self.keys().get(channel) {
             tx.send_modify(|g| *g = g.wrapping_add(1));
         }
+    }
+
+    /// Wakes `channel`'s waiters: at once, unless `payload` hands the turn
+    /// to another instance; then a turn later.
+    fn announce(self: &Arc<Self>, channel: &str, payload: &str) {
+        match payload.strip_prefix(TURN_TAG) {
+            Some(who) if who != self.me => self.bump_later(channel),
+            _ => self.bump(channel),
+        }
+    }
+
+    fn bump_later(self: &Arc<Self>, channel: &str) {
+        let fresh = self
+            .later
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(channel.to_owned());
+        if !fresh {
+            return;
+        }
+        let (shared, channel) = (self.clone(), channel.to_owned());
+        tokio::spawn(async move {
+            tokio::time::sleep(TURN).await;
+            shared
+                .later
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&channel);
+            shared.bump(&channel);
+        });
     }
 
     fn bump_all(&self) {
@@ -62,11 +111,19 @@ pub(crate) struct Notifier {
 }
 
 impl Notifier {
-    /// Starts the subscriber task on `clients` (tried in turn) for `pattern`.
-    pub(crate) fn start(clients: Vec<Client>, pattern: String, connect_timeout: Duration) -> Self {
+    /// Starts the subscriber task on `clients` (tried in turn) for `pattern`,
+    /// for the instance `me`.
+    pub(crate) fn start(
+        clients: Vec<Client>,
+        pattern: String,
+        connect_timeout: Duration,
+        me: String,
+    ) -> Self {
         let (up, _) = watch::channel(None);
         let shared = Arc::new(Shared {
             keys: Mutex::new(HashMap::new()),
+            later: Mutex::new(HashSet::new()),
+            me,
             up,
         });
         let (stop_tx, stop_rx) = oneshot::channel();
@@ -81,6 +138,11 @@ impl Notifier {
             shared,
             _stop: stop_tx,
         }
+    }
+
+    /// Whether a waiter is registered for `channel`.
+    pub(crate) fn waits_for(&self, channel: &str) -> bool {
+        self.shared.keys().contains_key(channel)
     }
 
     /// Registers a waiter for `channel`. Errors (the manager then polls) when
@@ -159,7 +221,8 @@ impl Subscriber {
         self.shared.set_up(true);
         let mut messages = pubsub.into_on_message();
         while let Some(msg) = messages.next().await {
-            self.shared.bump(msg.get_channel_name());
+            let payload: String = msg.get_payload().unwrap_or_default();
+            self.shared.announce(msg.get_channel_name(), &payload);
         }
         Err(Error::unavailable(NAME, "the pub/sub connection closed"))
     }

@@ -76,11 +76,24 @@ local function quarantined()
 end
 ";
 
-/// `KEYS`: lock, fence, info, wait mark. `ARGV`: token, ttl ms, fence
-/// retention ms (0: forever), restart quarantine ms (0: off). Takes a free
-/// key (SET NX PX in effect) and advances the fence; or reports the holder
-/// and its PTTL, marking the key waited for (see [`TAKE`]), or (no holder)
-/// the rest of the restart quarantine (see [`TAKE`]).
+/// `KEYS`: lock, fence, info, wait mark, turns, next. `ARGV`: token, ttl
+/// ms, fence retention ms (0: forever), restart quarantine ms (0: off), the
+/// backend instance's id, `1` when that instance has a waiter subscribed to
+/// the key's releases (else `0`). Takes a free key (SET NX PX in effect)
+/// and advances the fence; or reports the holder and its PTTL, marking the
+/// key waited for (see [`TAKE`]), or (no holder) the rest of the restart
+/// quarantine (see [`TAKE`]).
+///
+/// Turns: a waiting instance that finds the key held also joins the key's
+/// `turns` set, and a release that a waiter marked hands the next turn to
+/// one instance of that set, drawn at random and taken out of it (see
+/// [`RELEASE`]): the key stays free for it alone for a short while (the
+/// `next` key). Another
+/// instance that finds the key reserved so is told it is held (no holder)
+/// for the rest of the turn, marks it and joins the set. So the releaser's
+/// next attempt, which reaches the server before any woken waiter's, cannot
+/// win the key again and again, and every waiting instance has an equal
+/// chance at each hand-off: none starves.
 ///
 /// Reply: `{1, fence, 0, clock}` or `{0, holder or false, pttl, clock}`,
 /// `clock` the server's `TIME` in µs (the clock that judges `PX` expiry).
@@ -91,15 +104,32 @@ local ttl, keep, q = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 ",
         TAKE,
         r"
+local me, waiting = ARGV[5], ARGV[6] == '1'
+local function wait_turn(pttl)
+  mark(KEYS[4], pttl)
+  if waiting then
+    redis.call('SADD', KEYS[5], me)
+    redis.call('PEXPIRE', KEYS[5], math.max(pttl, 0) + 5000)
+  end
+end
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local pttl = redis.call('PTTL', KEYS[1])
-  mark(KEYS[4], pttl)
+  wait_turn(pttl)
   return {0, cur, pttl, clock}
+end
+local next = redis.call('GET', KEYS[6])
+if next and next ~= me then
+  local turn = math.max(redis.call('PTTL', KEYS[6]), 1)
+  wait_turn(turn)
+  return {0, false, turn, clock}
 end
 local left = quarantined()
 if left > 0 then
   return {0, false, left, clock}
+end
+if next then
+  redis.call('DEL', KEYS[6])
 end
 return {1, take(KEYS[1], KEYS[2], KEYS[3], ARGV[1]), 0, clock}
 ",
@@ -281,16 +311,32 @@ return {1, take(KEYS[1], KEYS[2], KEYS[3], ARGV[2]), 0, clock}
     ])
 });
 
-/// `KEYS`: lock, info, wait mark. `ARGV`: token, channel. Compare-and-DEL
-/// (the description goes with the hold), then announces the release, only
-/// when a waiter marked the key (see [`TAKE`]). Reply: 1 if deleted, else 0.
+/// `KEYS`: lock, info, wait mark, turns, next. `ARGV`: token, channel,
+/// turn ms. Compare-and-DEL (the description goes with the hold), then,
+/// only when a waiter marked the key (see [`TAKE`]), hands the next turn
+/// to one waiting instance drawn at random from the turns set, for `turn
+/// ms` (see [`ACQUIRE`]), and announces it: `turn:<instance id>`, which
+/// wakes that instance's waiter at once and the others a turn later (see
+/// the `pubsub` module); or `released` when no instance waits for a turn.
+/// The instances not drawn stay in the set, and the key stays marked for
+/// them, so the next release draws again. Reply: 1 if deleted, else 0.
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
   if redis.call('DEL', KEYS[3]) == 1 then
-    redis.call('PUBLISH', ARGV[2], 'released')
+    local who = redis.call('SPOP', KEYS[4])
+    if who then
+      redis.call('SET', KEYS[5], who, 'PX', ARGV[3])
+      local rest = redis.call('PTTL', KEYS[4])
+      if rest > 0 then
+        redis.call('SET', KEYS[3], '1', 'PX', rest)
+      end
+      redis.call('PUBLISH', ARGV[2], 'turn:' .. who)
+    else
+      redis.call('PUBLISH', ARGV[2], 'released')
+    end
   end
   return 1
 end

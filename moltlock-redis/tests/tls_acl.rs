@@ -32,6 +32,8 @@ const LOCKER_ACL: &[&str] = &[
     "+zrange",
     "+zrangebyscore",
     "+zscore",
+    "+sadd",
+    "+spop",
 ];
 
 fn acl_args() -> Vec<String> {

@@ -140,3 +140,100 @@ async fn an_inspecting_watcher_hears_the_release() -> Result<(), Box<dyn std::er
         .map_err(|_| "the release was not announced to an inspecting watcher")??;
     Ok(())
 }
+
+/// A manager over a backend of its own, as each process has, on `prefix`.
+async fn instance(
+    server: &fx::RedisServer,
+    prefix: &str,
+) -> Result<LockManager, Box<dyn std::error::Error>> {
+    let cfg = RedisConfig::from_url(&server.url())?
+        .key_prefix(prefix)
+        .fence_retention(Duration::from_secs(60));
+    Ok(LockManager::builder(RedisBackend::connect(cfg).await?)
+        .ttl(Duration::from_secs(10))
+        .retry(RetryPolicy::Fixed(Duration::from_secs(1)))
+        .build()?)
+}
+
+/// With a backend (as a process has) per contender, a releaser that asks
+/// for the key again at once reaches the server before the waiter its
+/// release woke, and would win nearly every time. A release the others
+/// waited for hands the next turn to a waiting instance drawn at random,
+/// so each of four contenders gets at least a quarter of a fair share, the
+/// bound for "no starvation" (without turns the least served gets under
+/// 1 %).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_waiting_instance_gets_turns() -> Result<(), Box<dyn std::error::Error>> {
+    const CONTENDERS: usize = 4;
+    let server = fx::redis()?;
+    let prefix = fx::unique_prefix();
+    let mut tasks = Vec::new();
+    for _ in 0..CONTENDERS {
+        let manager = instance(&server, &prefix).await?;
+        tasks.push(tokio::spawn(async move {
+            let end = Instant::now() + Duration::from_secs(2);
+            let mut won = 0_usize;
+            while Instant::now() < end {
+                let g = manager.lock("turns/contended").await?;
+                won += 1;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                g.release().await?;
+            }
+            Ok::<_, moltlock_core::Error>(won)
+        }));
+    }
+    let mut shares = Vec::new();
+    for t in tasks {
+        shares.push(t.await??);
+    }
+    let total: usize = shares.iter().sum();
+    let least = shares.iter().copied().min().unwrap_or(0);
+    println!("acquisitions per contender: {shares:?}");
+    assert!(total >= 100, "only {total} acquisitions in 2 s");
+    assert!(
+        least * CONTENDERS * 4 >= total,
+        "a contender starved: {shares:?}"
+    );
+    Ok(())
+}
+
+/// A turn is kept only for an instance that waits: a `try_lock` that found
+/// the key held joins no turn, so the release leaves the key free for
+/// anyone at once; and a turn drawn for a waiter that gave up just before
+/// the release keeps the key from others only briefly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_go_only_to_waiters_and_lapse() -> Result<(), Box<dyn std::error::Error>> {
+    let server = fx::redis()?;
+    let prefix = fx::unique_prefix();
+    let (holder, other, third) = (
+        instance(&server, &prefix).await?,
+        instance(&server, &prefix).await?,
+        instance(&server, &prefix).await?,
+    );
+    let g = holder.lock("turns/k").await?;
+    assert!(other.try_lock("turns/k").await?.is_none());
+    g.release().await?;
+    let free = third.try_lock("turns/k").await?;
+    assert!(
+        free.is_some(),
+        "a try_lock's failed attempt reserved a turn"
+    );
+    drop(free);
+
+    let g = holder.lock("turns/k").await?;
+    let gave_up = other
+        .lock_timeout("turns/k", Duration::from_millis(300))
+        .await;
+    assert!(gave_up.is_err(), "the waiter took a held key");
+    g.release().await?;
+    assert!(
+        third.try_lock("turns/k").await?.is_none(),
+        "the release handed no turn to the instance that had waited"
+    );
+    let late = tokio::time::timeout(Duration::from_secs(2), third.lock("turns/k")).await;
+    assert!(
+        matches!(late, Ok(Ok(_))),
+        "a turn for a waiter that gave up kept the key"
+    );
+    Ok(())
+}
