@@ -216,13 +216,13 @@ impl Ops for Pg {
     }
 
     async fn delete(db: &Shared<Self>, key: &LockKey, owner: &Token) -> DbResult<bool> {
-        let n: i64 = sqlx::query_scalar(&db.dialect.sql.delete)
+        let released = sqlx::query(&db.dialect.sql.delete)
             .bind(key.as_str())
             .bind(owner.as_str())
             .bind(db.dialect.listener.channel())
-            .fetch_one(&db.pool)
+            .fetch_optional(&db.pool)
             .await?;
-        Ok(n > 0)
+        Ok(released.is_some())
     }
 
     async fn inspect(db: &Shared<Self>, key: &LockKey) -> DbResult<Option<HolderInfo>> {
@@ -429,12 +429,12 @@ impl Statements {
                  version = version + 1, ttl_ms = $3 \
                  WHERE key = $1 AND owner = $2 AND {live} RETURNING fence, {NOW_US}"
             ),
+            // `CASE` decides whether `pg_notify` runs (`AND` would not).
             delete: format!(
-                "WITH d AS (UPDATE {t} SET owner = '', expires_at = 'epoch', acquired_at = now(), \
+                "UPDATE {t} SET owner = '', expires_at = 'epoch', acquired_at = now(), \
                  version = version + 1 \
                  WHERE key = $1 AND owner = $2 AND owner <> '' AND {live} \
-                 RETURNING key, wait_until > now() AS waited) \
-                 SELECT count(*), count(pg_notify($3, key)) FILTER (WHERE waited) FROM d"
+                 RETURNING (CASE WHEN wait_until > now() THEN pg_notify($3, key) END) IS NULL"
             ),
             // The waiter's attempt saw holder `$2` (`NULL`: it saw none):
             // marked while that hold lasts, replying the mark's ms left; no
