@@ -335,11 +335,12 @@ impl Backend for RedisBackend {
         let layout = &self.inner.layout;
         let (lock, info, channel) = (layout.lock(key), layout.info(key), layout.channel(key));
         let (wait, (turns, next)) = (layout.wait(key), layout.turns(key));
+        let queue = layout.queue(key).0;
         let turn = millis(TURN);
         let done: i64 = self
             .script(
                 &RELEASE,
-                &[&lock, &info, &wait, &turns, &next],
+                &[&lock, &info, &wait, &turns, &next, &queue],
                 &[owner.as_str(), &channel, &turn],
             )
             .await?;

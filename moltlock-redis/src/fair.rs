@@ -9,7 +9,8 @@
 //! one round trip, as a plain acquire does. Otherwise it waits for a
 //! release announcement (the script marks the key waited for) or a third
 //! of its TTL, whichever comes first, and looks again, which renews its
-//! place. A place whose waiter stopped looking (a crash, a pause longer
+//! place. A release names the head, which is woken at once; the other
+//! waiters look a turn later (see the `pubsub` module). A place whose waiter stopped looking (a crash, a pause longer
 //! than the TTL) is dropped by the next look of any waiter; a dropped wait
 //! takes its place out at once and, when it was the head, wakes the next.
 //! Fair and plain holders stay mutually exclusive because both take the
@@ -42,7 +43,8 @@ async fn acquire(
     let layout = &backend.inner.layout;
     let channel = layout.channel(key);
     let within = backend.inner.cfg.connect_timeout;
-    let mut watch = backend.notifier().await.watch(channel, within).await.ok();
+    let watch = backend.notifier().await.watch(channel, within).await;
+    let mut watch = watch.ok().map(|w| w.for_token(token.as_str()));
     let mut place = Place {
         backend: backend.clone(),
         key: key.clone(),

@@ -11,10 +11,11 @@
 //! reconnection and the manager's own timer polls.
 //!
 //! A release that hands the next turn to one instance (see the `ACQUIRE`
-//! and `RELEASE` scripts) names it: `turn:<instance id>`. That instance's
-//! waiters are woken at once; another instance's are woken one [`TURN`]
+//! and `RELEASE` scripts) names it: `turn:<instance id>`, and one whose
+//! key has a fair queue names its head: `fair:<token>`. The instance, or
+//! the fair waiter, named is woken at once; everyone else one [`TURN`]
 //! later (at most one such wake per key and turn), when the turn has been
-//! taken or has lapsed, so a release sets one process going, not all.
+//! taken or has lapsed, so a release sets one waiter going, not all.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -38,12 +39,17 @@ pub(crate) const TURN: Duration = Duration::from_millis(20);
 
 /// The announcement of a turn handed to an instance: this, then its id.
 const TURN_TAG: &str = "turn:";
+/// The announcement of a release to a fair queue's head: this, then the
+/// head's token.
+const FAIR_TAG: &str = "fair:";
 
 /// State shared by the subscriber task and the waiters.
 struct Shared {
     keys: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// The channels whose waiters are to be woken a turn from now.
     later: Mutex<HashSet<String>>,
+    /// The fair waiters, by token.
+    tokens: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// This instance's id, as a turn names it.
     me: String,
     /// `None` until the first connection attempt ends; then whether the
@@ -56,6 +62,10 @@ impl Shared {
         self.keys.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn tokens(&self) -> MutexGuard<'_, HashMap<String, watch::Sender<u64>>> {
+        self.tokens.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn bump(&self, channel: &str) {
         if let Some(tx) = self.keys().get(channel) {
             tx.send_modify(|g| *g = g.wrapping_add(1));
@@ -65,6 +75,12 @@ impl Shared {
     /// Wakes `channel`'s waiters: at once, unless `payload` hands the turn
     /// to another instance; then a turn later.
     fn announce(self: &Arc<Self>, channel: &str, payload: &str) {
+        if let Some(head) = payload.strip_prefix(FAIR_TAG) {
+            if let Some(tx) = self.tokens().get(head) {
+                tx.send_modify(|g| *g = g.wrapping_add(1));
+            }
+            return self.bump_later(channel);
+        }
         match payload.strip_prefix(TURN_TAG) {
             Some(who) if who != self.me => self.bump_later(channel),
             _ => self.bump(channel),
@@ -123,6 +139,7 @@ impl Notifier {
         let shared = Arc::new(Shared {
             keys: Mutex::new(HashMap::new()),
             later: Mutex::new(HashSet::new()),
+            tokens: Mutex::new(HashMap::new()),
             me,
             up,
         });
@@ -159,6 +176,7 @@ impl Notifier {
             shared: self.shared.clone(),
             channel,
             rx,
+            own: None,
         };
         let mut up = self.shared.up.subscribe();
         let live = matches!(
@@ -238,6 +256,22 @@ pub(crate) struct KeyWatch {
     shared: Arc<Shared>,
     channel: String,
     rx: watch::Receiver<u64>,
+    /// A fair waiter's token and the announcements naming it.
+    own: Option<(String, watch::Receiver<u64>)>,
+}
+
+impl KeyWatch {
+    /// Also wakes for the announcements naming `token` (a fair waiter's).
+    pub(crate) fn for_token(mut self, token: &str) -> Self {
+        let rx = self
+            .shared
+            .tokens()
+            .entry(token.to_owned())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        self.own = Some((token.to_owned(), rx));
+        self
+    }
 }
 
 /// A wait outlives a dropped subscription: the drop and the reconnection
@@ -248,15 +282,22 @@ pub(crate) struct KeyWatch {
 #[async_trait]
 impl ReleaseWatch for KeyWatch {
     async fn released(&mut self, _held: &Held) -> Result<(), Error> {
-        self.rx
-            .changed()
-            .await
-            .map_err(|_| Error::unavailable(NAME, "release notifications stopped"))
+        let told = match self.own.as_mut() {
+            Some((_, own)) => tokio::select! {
+                told = self.rx.changed() => told,
+                told = own.changed() => told,
+            },
+            None => self.rx.changed().await,
+        };
+        told.map_err(|_| Error::unavailable(NAME, "release notifications stopped"))
     }
 }
 
 impl Drop for KeyWatch {
     fn drop(&mut self) {
+        if let Some((token, _)) = &self.own {
+            self.shared.tokens().remove(token);
+        }
         let mut keys = self.shared.keys();
         let last = keys
             .get(&self.channel)

@@ -212,8 +212,9 @@ return {0, false, math.max(until_ms - now_ms, 1), clock}
 });
 
 /// `KEYS`: queue, liveness. `ARGV`: token, channel. Takes `token`'s place
-/// out of the fair queue; when it was the head, announces it on the
-/// release channel so the next waiter looks at once. Reply: 1.
+/// out of the fair queue; when it was the head, announces the new head on
+/// the release channel (`fair:<token>`, or `left` when none is left) so it
+/// looks at once. Reply: 1.
 pub(crate) static LEAVE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
@@ -221,7 +222,12 @@ local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 if head == ARGV[1] then
-  redis.call('PUBLISH', ARGV[2], 'left')
+  local next = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
+  if next then
+    redis.call('PUBLISH', ARGV[2], 'fair:' .. next)
+  else
+    redis.call('PUBLISH', ARGV[2], 'left')
+  end
 end
 return 1
 "
@@ -311,15 +317,17 @@ return {1, take(KEYS[1], KEYS[2], KEYS[3], ARGV[2]), 0, clock}
     ])
 });
 
-/// `KEYS`: lock, info, wait mark, turns, next. `ARGV`: token, channel,
-/// turn ms. Compare-and-DEL (the description goes with the hold), then,
-/// only when a waiter marked the key (see [`TAKE`]), hands the next turn
-/// to one waiting instance drawn at random from the turns set, for `turn
-/// ms` (see [`ACQUIRE`]), and announces it: `turn:<instance id>`, which
-/// wakes that instance's waiter at once and the others a turn later (see
-/// the `pubsub` module); or `released` when no instance waits for a turn.
-/// The instances not drawn stay in the set, and the key stays marked for
-/// them, so the next release draws again. Reply: 1 if deleted, else 0.
+/// `KEYS`: lock, info, wait mark, turns, next, fair queue. `ARGV`: token,
+/// channel, turn ms. Compare-and-DEL (the description goes with the
+/// hold), then, only when a waiter marked the key (see [`TAKE`]), hands
+/// the next turn to one waiting instance drawn at random from the turns
+/// set, for `turn ms` (see [`ACQUIRE`]), and announces the release:
+/// `fair:<token>` when the fair queue has a head (that waiter is woken at
+/// once), else `turn:<instance id>` (that instance's waiters are woken at
+/// once), else `released` (everyone is). Whoever is not named is woken a
+/// turn later (see the `pubsub` module). The instances not drawn stay in
+/// the set and the queue keeps its places, and the key stays marked for
+/// them, so the next release announces again. Reply: 1 if deleted, else 0.
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
@@ -327,12 +335,21 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
   if redis.call('DEL', KEYS[3]) == 1 then
     local who = redis.call('SPOP', KEYS[4])
+    local rest = -2
     if who then
       redis.call('SET', KEYS[5], who, 'PX', ARGV[3])
-      local rest = redis.call('PTTL', KEYS[4])
-      if rest > 0 then
-        redis.call('SET', KEYS[3], '1', 'PX', rest)
-      end
+      rest = redis.call('PTTL', KEYS[4])
+    end
+    local head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
+    if head then
+      rest = math.max(rest, redis.call('PTTL', KEYS[6]))
+    end
+    if rest > 0 then
+      redis.call('SET', KEYS[3], '1', 'PX', rest)
+    end
+    if head then
+      redis.call('PUBLISH', ARGV[2], 'fair:' .. head)
+    elseif who then
       redis.call('PUBLISH', ARGV[2], 'turn:' .. who)
     else
       redis.call('PUBLISH', ARGV[2], 'released')

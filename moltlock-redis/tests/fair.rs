@@ -148,3 +148,68 @@ async fn places_of_the_shortest_ttl_keep_their_order() -> Result<(), Box<dyn std
     assert_eq!(order, vec!["first", "second"]);
     Ok(())
 }
+
+/// A release names the fair queue's head (`fair:<its token>`), which is
+/// woken at once: its next look by its own clock would come a third of its
+/// 30 s TTL later. The head's own release then names the waiter behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_names_and_wakes_the_fair_head() -> Result<(), Box<dyn std::error::Error>> {
+    use futures_util::StreamExt;
+
+    let server = fx::redis()?;
+    let prefix = fx::unique_prefix();
+    let open = || async {
+        let cfg = RedisConfig::from_url(&server.url())?
+            .key_prefix(prefix.clone())
+            .fence_retention(Duration::from_secs(60));
+        Ok::<_, Box<dyn std::error::Error>>(RedisBackend::connect(cfg).await?)
+    };
+    let (holder_side, head_side, tail_side) = (open().await?, open().await?, open().await?);
+    let key = LockKey::new("fair/named")?;
+    let holder = Token::random();
+    holder_side
+        .cas(&key, None, &holder, Duration::from_secs(30))
+        .await?;
+    let ttl = Duration::from_secs(30);
+    let wait_in = |side: RedisBackend, k: LockKey, token: Token| {
+        tokio::spawn(async move {
+            let queue = side.fair_queue().ok_or("no fair queue")?;
+            queue
+                .acquire(&k, &token, ttl)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    };
+    let (head, tail) = (Token::random(), Token::random());
+    let first = wait_in(head_side.clone(), key.clone(), head.clone());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = wait_in(tail_side.clone(), key.clone(), tail.clone());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut pubsub = moltlock_redis::redis::Client::open(server.url())?
+        .get_async_pubsub()
+        .await?;
+    pubsub.psubscribe(format!("{prefix}*")).await?;
+    let mut messages = pubsub.into_on_message();
+    assert!(holder_side.delete(&key, &holder).await?);
+    let told = tokio::time::timeout(Duration::from_secs(2), messages.next())
+        .await?
+        .ok_or("no announcement")?;
+    let payload: String = told.get_payload()?;
+    assert_eq!(payload, format!("fair:{}", head.as_str()));
+    tokio::time::timeout(Duration::from_secs(2), first)
+        .await
+        .map_err(|_| "the named head was not woken")???;
+    assert!(!second.is_finished(), "the second waiter took a held key");
+    assert!(head_side.delete(&key, &head).await?);
+    let told = tokio::time::timeout(Duration::from_secs(2), messages.next())
+        .await?
+        .ok_or("no announcement")?;
+    let payload: String = told.get_payload()?;
+    assert_eq!(payload, format!("fair:{}", tail.as_str()));
+    tokio::time::timeout(Duration::from_secs(2), second)
+        .await
+        .map_err(|_| "the next head was not woken")???;
+    assert!(tail_side.delete(&key, &tail).await?);
+    Ok(())
+}
