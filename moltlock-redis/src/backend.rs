@@ -224,12 +224,13 @@ impl RedisBackend {
         }
     }
 
-    /// Whether a waiter of this instance is subscribed to `key`'s releases.
-    fn waits_for(&self, key: &LockKey) -> bool {
+    /// Whether a waiter of this instance is subscribed to `channel` (a key's
+    /// release channel, named like its stored lock key).
+    fn waits_for(&self, channel: &str) -> bool {
         self.inner
             .notifier
             .get()
-            .is_some_and(|n| n.waits_for(&self.inner.layout.channel(key)))
+            .is_some_and(|n| n.waits_for(channel))
     }
 
     pub(crate) async fn notifier(&self) -> &Notifier {
@@ -310,9 +311,9 @@ impl Backend for RedisBackend {
         let sent_at = Instant::now();
         let reply: CasReply = match expected {
             None => {
-                let (turns, next) = layout.turns(key);
+                let (turns, next) = Layout::turns(&lock);
                 let keys = [&lock, &fence, &info, &wait, &turns, &next];
-                let waiting = if self.waits_for(key) { "1" } else { "0" };
+                let waiting = if self.waits_for(&lock) { "1" } else { "0" };
                 let me = &self.inner.me;
                 let args = [new.as_str(), &ttl, &keep, &self.quarantine(), me, waiting];
                 self.script(&ACQUIRE, &keys.map(String::as_str), &args)
@@ -334,8 +335,8 @@ impl Backend for RedisBackend {
         key.check_len(LIMITS.max_key_len)?;
         let layout = &self.inner.layout;
         let (lock, info, channel) = (layout.lock(key), layout.info(key), layout.channel(key));
-        let (wait, (turns, next)) = (layout.wait(key), layout.turns(key));
-        let queue = layout.queue(key).0;
+        let (wait, (turns, next)) = (layout.wait(key), Layout::turns(&lock));
+        let queue = Layout::queue_of(&lock);
         let turn = millis(TURN);
         let done: i64 = self
             .script(

@@ -75,11 +75,10 @@ impl Layout {
         format!("{}:wait", self.lock(key))
     }
 
-    /// The instances waiting for the lock's next turn (a set) and the
-    /// instance the current turn is reserved for, same hash tag (see the
-    /// `ACQUIRE` script).
-    pub(crate) fn turns(&self, key: &LockKey) -> (String, String) {
-        let lock = self.lock(key);
+    /// For the stored lock key `lock`: the instances waiting for its next
+    /// turn (a set) and the instance the current turn is reserved for,
+    /// same hash tag (see the `ACQUIRE` script).
+    pub(crate) fn turns(lock: &str) -> (String, String) {
         (format!("{lock}:turns"), format!("{lock}:next"))
     }
 
@@ -87,7 +86,12 @@ impl Layout {
     /// liveness (token by the deadline of its place), same hash tag.
     pub(crate) fn queue(&self, key: &LockKey) -> (String, String) {
         let lock = self.lock(key);
-        (format!("{lock}:queue"), format!("{lock}:alive"))
+        (Self::queue_of(&lock), format!("{lock}:alive"))
+    }
+
+    /// The fair queue's places of the stored lock key `lock`.
+    pub(crate) fn queue_of(lock: &str) -> String {
+        format!("{lock}:queue")
     }
 
     /// The pub/sub channel a release is announced on (channel names are a
