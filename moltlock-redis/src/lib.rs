@@ -139,7 +139,8 @@
 //!   fails.
 //! - ACL users need `EVAL`, `EVALSHA`, `GET`, `SET`, `DEL`, `PEXPIRE`,
 //!   `PTTL`, `TIME`, `PUBLISH`, `PSUBSCRIBE`, `SCAN` (cluster: `KEYS`), and
-//!   for the fair queue `ZADD`, `ZREM`, `ZRANGE`, `ZRANGEBYSCORE`, `ZSCORE`; the
+//!   for the turns of waiting instances `SADD`, `SREM`, `SPOP`, and for the
+//!   fair queue `ZADD`, `ZREM`, `ZRANGE`, `ZRANGEBYSCORE`, `ZSCORE`; the
 //!   key pattern `<prefix>*` and the channel pattern `<prefix>{*` *exactly*
 //!   (Redis checks `PSUBSCRIBE` patterns literally).
 

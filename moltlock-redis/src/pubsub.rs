@@ -157,9 +157,11 @@ impl Notifier {
         }
     }
 
-    /// Whether a waiter is registered for `channel`.
+    /// Whether a waiter is registered for `channel` and the subscription is
+    /// live (a waiter that cannot hear its turn announced is not offered
+    /// one).
     pub(crate) fn waits_for(&self, channel: &str) -> bool {
-        self.shared.keys().contains_key(channel)
+        *self.shared.up.borrow() == Some(true) && self.shared.keys().contains_key(channel)
     }
 
     /// Registers a waiter for `channel`. Errors (the manager then polls) when

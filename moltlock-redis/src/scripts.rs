@@ -88,7 +88,7 @@ end
 /// `turns` set, and a release that a waiter marked hands the next turn to
 /// one instance of that set, drawn at random and taken out of it (see
 /// [`RELEASE`]): the key stays free for it alone for a short while (the
-/// `next` key). Another
+/// `next` key); an instance that takes the key leaves the set. Another
 /// instance that finds the key reserved so is told it is held (no holder)
 /// for the rest of the turn, marks it and joins the set. So the releaser's
 /// next attempt, which reaches the server before any woken waiter's, cannot
@@ -130,6 +130,9 @@ if left > 0 then
 end
 if next then
   redis.call('DEL', KEYS[6])
+end
+if waiting then
+  redis.call('SREM', KEYS[5], me)
 end
 return {1, take(KEYS[1], KEYS[2], KEYS[3], ARGV[1]), 0, clock}
 ",
@@ -319,12 +322,12 @@ return {1, take(KEYS[1], KEYS[2], KEYS[3], ARGV[2]), 0, clock}
 
 /// `KEYS`: lock, info, wait mark, turns, next, fair queue. `ARGV`: token,
 /// channel, turn ms. Compare-and-DEL (the description goes with the
-/// hold), then, only when a waiter marked the key (see [`TAKE`]), hands
-/// the next turn to one waiting instance drawn at random from the turns
-/// set, for `turn ms` (see [`ACQUIRE`]), and announces the release:
-/// `fair:<token>` when the fair queue has a head (that waiter is woken at
-/// once), else `turn:<instance id>` (that instance's waiters are woken at
-/// once), else `released` (everyone is). Whoever is not named is woken a
+/// hold), then, only when a waiter marked the key (see [`TAKE`]),
+/// announces the release: `fair:<token>` when the fair queue has a head
+/// (that waiter is woken at once); else it hands the next turn to one
+/// waiting instance drawn at random from the turns set, for `turn ms` (see
+/// [`ACQUIRE`]), and announces `turn:<instance id>` (that instance's
+/// waiters are woken at once); else `released` (everyone is). Whoever is not named is woken a
 /// turn later (see the `pubsub` module). The instances not drawn stay in
 /// the set and the queue keeps its places, and the key stays marked for
 /// them, so the next release announces again. Reply: 1 if deleted, else 0.
@@ -334,16 +337,15 @@ pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
   if redis.call('DEL', KEYS[3]) == 1 then
-    local who = redis.call('SPOP', KEYS[4])
-    local rest = -2
+    local head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
+    local who = false
+    if not head then
+      who = redis.call('SPOP', KEYS[4])
+    end
     if who then
       redis.call('SET', KEYS[5], who, 'PX', ARGV[3])
-      rest = redis.call('PTTL', KEYS[4])
     end
-    local head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
-    if head then
-      rest = math.max(rest, redis.call('PTTL', KEYS[6]))
-    end
+    local rest = math.max(redis.call('PTTL', KEYS[4]), redis.call('PTTL', KEYS[6]))
     if rest > 0 then
       redis.call('SET', KEYS[3], '1', 'PX', rest)
     end

@@ -34,6 +34,7 @@ const LOCKER_ACL: &[&str] = &[
     "+zscore",
     "+sadd",
     "+spop",
+    "+srem",
 ];
 
 fn acl_args() -> Vec<String> {
