@@ -40,7 +40,7 @@ use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisResult};
 ///   difference of two whole-second clock readings, so it may run up to a
 ///   second ahead of the true uptime: one second is taken off, and the wait
 ///   errs on the long side.
-const TAKE: &str = r"
+pub(crate) const TAKE: &str = r"
 local function mark(wait_key, pttl)
   redis.call('SET', wait_key, '1', 'PX', math.max(pttl, 0) + 5000)
 end
@@ -137,105 +137,6 @@ end
 return {1, take(KEYS[1], KEYS[2], KEYS[3], ARGV[1]), 0, clock}
 ",
     ])
-});
-
-/// `KEYS`: lock, fence, info, wait mark, queue, liveness. `ARGV`: token,
-/// ttl ms, fence retention ms (0: forever), restart quarantine ms (0: off).
-/// One look at the key's fair queue (see the `fair` module): drops the
-/// places whose waiters stopped renewing them; reports the key taken (with
-/// its fence) when `token` already holds it (an earlier look whose reply
-/// was lost took it); takes the key as [`ACQUIRE`] does when it is free and
-/// the queue is empty or headed by `token` (whose place then leaves the
-/// queue): a free key with an empty queue costs no place. Otherwise puts
-/// `token` at the tail if it has no place, renews its place for `ttl` (at
-/// least 500 ms, longer than a look's period), and reports the rest of the
-/// restart quarantine, or marks the key waited for and reports the holder
-/// and its PTTL, or, when the key is free but another waiter is ahead, no
-/// holder and the ms left of the head's place (when a look may drop it).
-///
-/// Reply: as [`ACQUIRE`].
-pub(crate) static FAIR: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::compose(&[
-        r"
-local ttl, keep, q = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-",
-        TAKE,
-        r"
-local token, queue, alive = ARGV[1], KEYS[5], KEYS[6]
-local now_ms = math.floor(clock / 1000)
-for _, gone in ipairs(redis.call('ZRANGEBYSCORE', alive, '-inf', '(' .. now_ms)) do
-  redis.call('ZREM', queue, gone)
-  redis.call('ZREM', alive, gone)
-end
-local cur = redis.call('GET', KEYS[1])
-if cur == token then
-  redis.call('ZREM', queue, token)
-  redis.call('ZREM', alive, token)
-  return {1, redis.call('GET', KEYS[2]) or '0', 0, clock}
-end
-local head = redis.call('ZRANGE', queue, 0, 0)[1]
-local left = 0
-if not cur and (not head or head == token) then
-  left = quarantined()
-  if left == 0 then
-    if head then
-      redis.call('ZREM', queue, token)
-      redis.call('ZREM', alive, token)
-    end
-    return {1, take(KEYS[1], KEYS[2], KEYS[3], token), 0, clock}
-  end
-end
-if not redis.call('ZSCORE', queue, token) then
-  local place = clock
-  local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
-  if last[2] and tonumber(last[2]) >= place then
-    place = tonumber(last[2]) + 1
-  end
-  redis.call('ZADD', queue, string.format('%.0f', place), token)
-  head = head or token
-end
-redis.call('ZADD', alive, now_ms + math.max(ttl, 500), token)
-if redis.call('PTTL', queue) < 2 * ttl then
-  redis.call('PEXPIRE', queue, 2 * ttl)
-  redis.call('PEXPIRE', alive, 2 * ttl)
-end
-if cur then
-  local pttl = redis.call('PTTL', KEYS[1])
-  mark(KEYS[4], pttl)
-  return {0, cur, pttl, clock}
-end
-if left > 0 then
-  return {0, false, left, clock}
-end
-mark(KEYS[4], ttl)
-local until_ms = tonumber(redis.call('ZSCORE', alive, head)) or now_ms
-return {0, false, math.max(until_ms - now_ms, 1), clock}
-",
-    ])
-});
-
-/// `KEYS`: queue, liveness. `ARGV`: token, channel. Takes `token`'s place
-/// out of the fair queue; when it was the head, announces the new head on
-/// the release channel (`fair:<token>`, or `left` when none is left) so it
-/// looks at once. Reply: 1.
-pub(crate) static LEAVE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r"
-local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-if head == ARGV[1] then
-  local next = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
-  if next then
-    redis.call('PUBLISH', ARGV[2], 'fair:' .. next)
-  else
-    redis.call('PUBLISH', ARGV[2], 'left')
-  end
-end
-return 1
-"
-        .to_owned(),
-    )
 });
 
 /// `KEYS`: lock, fence, info, wait mark for each key in turn. `ARGV`: token, ttl ms,
@@ -466,11 +367,11 @@ pub(crate) struct Lua {
 
 impl Lua {
     /// The script made of `parts`, in order.
-    fn compose(parts: &[&str]) -> Self {
+    pub(crate) fn compose(parts: &[&str]) -> Self {
         Self::new(parts.concat())
     }
 
-    fn new(source: String) -> Self {
+    pub(crate) fn new(source: String) -> Self {
         let hash = redis::Script::new(&source).get_hash().to_owned();
         Self { source, hash }
     }
