@@ -1,5 +1,6 @@
 //! `impl Backend for RedisBackend`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,6 +54,8 @@ pub(crate) struct Inner {
     /// This instance's id, named in the turns of a key (see the `ACQUIRE`
     /// script).
     pub(crate) me: String,
+    /// Whether this instance's waiters take turns (see [`RedisBackend::set_turns`]).
+    pub(crate) turns: AtomicBool,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -144,10 +147,20 @@ impl RedisBackend {
             notifier: OnceCell::new(),
             clock: StoreClock::new(),
             me: Token::random().as_str().to_owned(),
+            turns: AtomicBool::new(true),
         };
         Self {
             inner: Arc::new(inner),
         }
+    }
+
+    /// Whether this instance's waiters take turns (on by default): a
+    /// release that waiting instances marked keeps the key briefly for one
+    /// of them, drawn at random, so no process starves (see the crate
+    /// docs). Turn it off for a backend that is one member of a quorum: a
+    /// turn decided by one member alone would split the members' votes.
+    pub fn set_turns(&self, on: bool) {
+        self.inner.turns.store(on, Ordering::Relaxed);
     }
 
     /// Parses `url` (see [`RedisConfig::from_url`]) and connects.
@@ -313,7 +326,12 @@ impl Backend for RedisBackend {
             None => {
                 let (turns, next) = Layout::turns(&lock);
                 let keys = [&lock, &fence, &info, &wait, &turns, &next];
-                let waiting = if self.waits_for(&lock) { "1" } else { "0" };
+                let takes_turns = self.inner.turns.load(Ordering::Relaxed);
+                let waiting = if takes_turns && self.waits_for(&lock) {
+                    "1"
+                } else {
+                    "0"
+                };
                 let me = &self.inner.me;
                 let args = [new.as_str(), &ttl, &keep, &self.quarantine(), me, waiting];
                 self.script(&ACQUIRE, &keys.map(String::as_str), &args)
