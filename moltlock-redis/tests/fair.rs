@@ -154,8 +154,6 @@ async fn places_of_the_shortest_ttl_keep_their_order() -> Result<(), Box<dyn std
 /// 30 s TTL later. The head's own release then names the waiter behind it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_names_and_wakes_the_fair_head() -> Result<(), Box<dyn std::error::Error>> {
-    use futures_util::StreamExt;
-
     let server = fx::redis()?;
     let prefix = fx::unique_prefix();
     let open = || async {
@@ -192,24 +190,34 @@ async fn a_release_names_and_wakes_the_fair_head() -> Result<(), Box<dyn std::er
     pubsub.psubscribe(format!("{prefix}*")).await?;
     let mut messages = pubsub.into_on_message();
     assert!(holder_side.delete(&key, &holder).await?);
-    let told = tokio::time::timeout(Duration::from_secs(2), messages.next())
-        .await?
-        .ok_or("no announcement")?;
-    let payload: String = told.get_payload()?;
-    assert_eq!(payload, format!("fair:{}", head.as_str()));
+    assert_eq!(
+        next_payload(&mut messages).await?,
+        format!("fair:{}", head.as_str())
+    );
     tokio::time::timeout(Duration::from_secs(2), first)
         .await
         .map_err(|_| "the named head was not woken")???;
     assert!(!second.is_finished(), "the second waiter took a held key");
     assert!(head_side.delete(&key, &head).await?);
-    let told = tokio::time::timeout(Duration::from_secs(2), messages.next())
-        .await?
-        .ok_or("no announcement")?;
-    let payload: String = told.get_payload()?;
-    assert_eq!(payload, format!("fair:{}", tail.as_str()));
+    assert_eq!(
+        next_payload(&mut messages).await?,
+        format!("fair:{}", tail.as_str())
+    );
     tokio::time::timeout(Duration::from_secs(2), second)
         .await
         .map_err(|_| "the next head was not woken")???;
     assert!(tail_side.delete(&key, &tail).await?);
     Ok(())
+}
+
+/// The next announcement's text, within 2 s.
+async fn next_payload(
+    messages: &mut (impl futures_util::Stream<Item = moltlock_redis::redis::Msg> + Unpin),
+) -> Result<String, Box<dyn std::error::Error>> {
+    use futures_util::StreamExt;
+
+    let told = tokio::time::timeout(Duration::from_secs(2), messages.next())
+        .await?
+        .ok_or("no announcement")?;
+    Ok(told.get_payload()?)
 }

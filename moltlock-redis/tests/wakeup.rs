@@ -237,3 +237,36 @@ async fn turns_go_only_to_waiters_and_lapse() -> Result<(), Box<dyn std::error::
     );
     Ok(())
 }
+
+/// A backend with turns off (as a quorum's Redis member is) neither joins
+/// a key's turns nor has a release keep the key for it: after its waiter
+/// waited, the release leaves the key free for anyone at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_without_turns_is_never_handed_one() -> Result<(), Box<dyn std::error::Error>> {
+    let server = fx::redis()?;
+    let prefix = fx::unique_prefix();
+    let cfg = RedisConfig::from_url(&server.url())?
+        .key_prefix(prefix.clone())
+        .fence_retention(Duration::from_secs(60));
+    let member = RedisBackend::connect(cfg).await?;
+    member.set_turns(false);
+    let waiter = LockManager::builder(member)
+        .ttl(Duration::from_secs(10))
+        .retry(RetryPolicy::Fixed(Duration::from_secs(1)))
+        .build()?;
+    let (holder, third) = (
+        instance(&server, &prefix).await?,
+        instance(&server, &prefix).await?,
+    );
+    let g = holder.lock("noturns/k").await?;
+    let gave_up = waiter
+        .lock_timeout("noturns/k", Duration::from_millis(300))
+        .await;
+    assert!(gave_up.is_err(), "the waiter took a held key");
+    g.release().await?;
+    assert!(
+        third.try_lock("noturns/k").await?.is_some(),
+        "a release kept the key for an instance with turns off"
+    );
+    Ok(())
+}
