@@ -146,10 +146,21 @@ async fn instance(
     server: &fx::RedisServer,
     prefix: &str,
 ) -> Result<LockManager, Box<dyn std::error::Error>> {
+    instance_with(server, prefix, true).await
+}
+
+/// As [`instance`], with the backend's turns on or off.
+async fn instance_with(
+    server: &fx::RedisServer,
+    prefix: &str,
+    turns: bool,
+) -> Result<LockManager, Box<dyn std::error::Error>> {
     let cfg = RedisConfig::from_url(&server.url())?
         .key_prefix(prefix)
         .fence_retention(Duration::from_secs(60));
-    Ok(LockManager::builder(RedisBackend::connect(cfg).await?)
+    let backend = RedisBackend::connect(cfg).await?;
+    backend.set_turns(turns);
+    Ok(LockManager::builder(backend)
         .ttl(Duration::from_secs(10))
         .retry(RetryPolicy::Fixed(Duration::from_secs(1)))
         .build()?)
@@ -245,15 +256,7 @@ async fn turns_go_only_to_waiters_and_lapse() -> Result<(), Box<dyn std::error::
 async fn an_instance_without_turns_is_never_handed_one() -> Result<(), Box<dyn std::error::Error>> {
     let server = fx::redis()?;
     let prefix = fx::unique_prefix();
-    let cfg = RedisConfig::from_url(&server.url())?
-        .key_prefix(prefix.clone())
-        .fence_retention(Duration::from_secs(60));
-    let member = RedisBackend::connect(cfg).await?;
-    member.set_turns(false);
-    let waiter = LockManager::builder(member)
-        .ttl(Duration::from_secs(10))
-        .retry(RetryPolicy::Fixed(Duration::from_secs(1)))
-        .build()?;
+    let waiter = instance_with(&server, &prefix, false).await?;
     let (holder, third) = (
         instance(&server, &prefix).await?,
         instance(&server, &prefix).await?,
