@@ -17,6 +17,7 @@ use crate::job::Terms;
 use crate::manager::LockManager;
 use crate::options::LockOptions;
 use crate::queue::{Freed, Place, Watches};
+use crate::retry::Backoff;
 use crate::{BackendExt, Error, Held, LockKey, MultiMode, MultiOutcome, Token};
 
 /// Waiters on more keys than this poll instead of watching each key.
@@ -57,6 +58,14 @@ struct Wait<'a> {
 
 /// A boxed future borrowing from the caller.
 pub(crate) type Pinned<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Whether no live release watch covers any of the busy keys: the waiter
+/// learns of a release only by looking again.
+fn polling(watches: &Watches, busy: &[(usize, Held)]) -> bool {
+    !busy
+        .iter()
+        .any(|(i, _)| watches.get(*i).is_some_and(Option::is_some))
+}
 
 /// Resolves with the first of `futures` to finish; never, when empty.
 pub(crate) async fn first_of<T>(mut futures: Vec<Pinned<'_, T>>) -> T {
@@ -287,6 +296,7 @@ impl LockManager {
         let no_wait = wait.no_wait;
         let mut checked = false;
         let mut attempt = 0u32;
+        let mut backoff = Backoff::default();
         loop {
             if let Some(place) = wait.place {
                 self.behind_own_hold(place).await;
@@ -311,7 +321,8 @@ impl LockManager {
                     if no_wait {
                         return Ok(None);
                     }
-                    self.pause_set(watches, keys, &busy, attempt, freed).await;
+                    let step = backoff.next(&busy, polling(watches, &busy));
+                    self.pause_set(watches, keys, &busy, step, freed).await;
                 }
                 Err(e) if e.is_retryable() && !no_wait => {
                     tracing::debug!(error = %e, "acquire attempt failed; retrying");
