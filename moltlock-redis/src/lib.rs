@@ -139,6 +139,7 @@
 //!   fails.
 //! - ACL users need `EVAL`, `EVALSHA`, `GET`, `SET`, `DEL`, `PEXPIRE`,
 //!   `PTTL`, `TIME`, `PUBLISH`, `PSUBSCRIBE`, `SCAN` (cluster: `KEYS`), and
+//!   for the restart quarantine `LASTSAVE` and `INFO`, and
 //!   for the turns of waiting instances `SADD`, `SREM`, `SPOP`, and for the
 //!   fair queue `ZADD`, `ZREM`, `ZRANGE`, `ZRANGEBYSCORE`, `ZSCORE`; the
 //!   key pattern `<prefix>*` and the channel pattern `<prefix>{*` *exactly*

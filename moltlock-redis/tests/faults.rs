@@ -397,6 +397,94 @@ async fn quarantine_closes_the_restart_window() -> TestResult {
     Ok(())
 }
 
+/// Once the server's last save (its start, without persistence) lies a
+/// quarantine and a second back, an acquisition asks no `INFO` (the
+/// dearest command of the script): `LASTSAVE` answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_up_long_enough_is_asked_no_info() -> TestResult {
+    let redis = fx::start_owned()?;
+    let quarantine = Duration::from_secs(1);
+    let backend = RedisBackend::connect(quarantined(&redis.url(), quarantine)?).await?;
+    let manager = LockManager::builder(backend).ttl(quarantine).build()?;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let client = redis::Client::open(redis.raw_url())?;
+    let mut raw = client.get_multiplexed_async_connection().await?;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut raw)
+        .await?;
+    for i in 0..5 {
+        manager.lock(format!("uptime/{i}")).await?.release().await?;
+    }
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut raw)
+        .await?;
+    assert!(stats.contains("cmdstat_lastsave:calls=5,"), "{stats}");
+    assert!(!stats.contains("cmdstat_info:"), "{stats}");
+    Ok(())
+}
+
+/// A restart that loads a snapshot brings back keys written before it
+/// (the fence key among them) but loses a hold taken after it. The
+/// quarantine still keeps the key from a newcomer, though the server's
+/// last save before the restart was longer ago than the quarantine: the
+/// restarted server counts its start as its last save.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_from_a_snapshot_grants_no_key_during_the_quarantine() -> TestResult {
+    let mut redis = fx::start_owned()?;
+    // Long enough that a loaded machine reconnects well within it.
+    let ttl = Duration::from_secs(4);
+    let backend = RedisBackend::connect(quarantined(&redis.url(), ttl)?).await?;
+    let manager = LockManager::builder(backend).ttl(ttl).build()?;
+    let g = manager.lock("snapshot/q").await?;
+    g.release().await?;
+    let client = redis::Client::open(redis.raw_url())?;
+    let mut raw = client.get_multiplexed_async_connection().await?;
+    let _: () = redis::cmd("SAVE").query_async(&mut raw).await?;
+    // The last save ends up longer ago than the quarantine; then a hold
+    // the snapshot does not have.
+    tokio::time::sleep(ttl + Duration::from_millis(1500)).await;
+    let lost = manager.lock("snapshot/q").await?;
+    let before = lost.fence();
+    redis.restart()?;
+    let restarted = Instant::now();
+
+    let backend = loop {
+        match RedisBackend::connect(quarantined(&redis.url(), ttl)?).await {
+            Ok(b) => break b,
+            Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let key = LockKey::new("snapshot/q")?;
+    let mut raw = client.get_multiplexed_async_connection().await?;
+    let kept: Option<String> = redis::cmd("GET")
+        .arg("moltlock:{snapshot/q}:fence")
+        .query_async(&mut raw)
+        .await?;
+    assert!(
+        kept.is_some(),
+        "the snapshot did not bring the fence key back"
+    );
+    let tried = backend.cas(&key, None, &Token::random(), ttl).await?;
+    let after = restarted.elapsed();
+    assert!(
+        after < ttl,
+        "the check came too late ({after:?} after the restart)"
+    );
+    match tried {
+        moltlock_core::CasOutcome::Held(held) => assert_eq!(held.holder, None),
+        other => return Err(format!("granted {after:?} after the restart: {other:?}").into()),
+    }
+    let manager = LockManager::builder(backend).ttl(ttl).build()?;
+    let g = manager.lock("snapshot/q").await?;
+    assert!(g.fence() > before, "{} after {}", g.fence(), before);
+    g.release().await?;
+    drop(lost);
+    Ok(())
+}
+
 /// A hold longer than the restart quarantine would outlive it after a
 /// restart: it is refused with a clear error, and allowed once the
 /// quarantine covers it (or is off).

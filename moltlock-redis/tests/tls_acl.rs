@@ -23,6 +23,8 @@ const LOCKER_ACL: &[&str] = &[
     "+pexpire",
     "+pttl",
     "+time",
+    "+lastsave",
+    "+info",
     "+publish",
     "+psubscribe",
     "+scan",
