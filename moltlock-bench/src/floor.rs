@@ -231,6 +231,11 @@ async fn drop_table<T, E: std::fmt::Display>(
     done.await.map(|_| ()).map_err(err)
 }
 
+/// The compare-and-`DEL` script, hashed once (a raw client keeps its
+/// `Script`; hashing it per cycle would slow the floor).
+static REDIS_CAD_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(REDIS_CAD));
+
 async fn redis_cycle(conn: &ConnectionManager, key: &str, token: &str) -> Result<bool, String> {
     let mut c = conn.clone();
     let ttl = u64::try_from(TTL.as_millis()).unwrap_or(u64::MAX);
@@ -243,8 +248,7 @@ async fn redis_cycle(conn: &ConnectionManager, key: &str, token: &str) -> Result
         .query_async(&mut c)
         .await
         .map_err(err)?;
-    let script = redis::Script::new(REDIS_CAD);
-    let deleted: i64 = script
+    let deleted: i64 = REDIS_CAD_SCRIPT
         .key(key)
         .arg(token)
         .invoke_async(&mut c)
