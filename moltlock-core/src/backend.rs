@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::features::{CasMulti, Describe, FairQueue, Inspect, RaiseFence, RenewMany, Watch};
+use crate::features::{
+    CasMulti, Describe, FairQueue, Inspect, RaiseFence, RenewMany, Turns, Watch,
+};
 use crate::records::CasOutcome;
 use crate::{Error, LockKey, Token};
 
@@ -181,6 +183,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Taking several keys in one round trip (semaphores, multi-locks).
     /// `None` (the default): one [`cas`](Self::cas) per key.
     fn batch_cas(&self) -> Option<&dyn CasMulti> {
+        None
+    }
+
+    /// The store's own choice of the next holder on a release ([`Turns`]),
+    /// for composites to turn off. `None` (the default): it makes none.
+    fn turns(&self) -> Option<&dyn Turns> {
         None
     }
 }

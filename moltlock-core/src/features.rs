@@ -36,6 +36,19 @@ pub trait Watch: Send + Sync {
     async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error>;
 }
 
+/// A store whose release, when others wait, picks by itself which waiting
+/// client takes the key next and keeps the key for it a short while (the
+/// Redis backend's *turns*), so a releaser cannot win its key back again
+/// and again. A composite that holds a key only while several stores grant
+/// it (a [`QuorumBackend`](crate::QuorumBackend)) turns this off on its
+/// members: each member would pick its own client, and the votes would
+/// split so that nobody won.
+pub trait Turns: Send + Sync {
+    /// Turns the choosing on or off. Off, a release leaves the key free for
+    /// whichever waiter asks first.
+    fn set_turns(&self, on: bool);
+}
+
 /// Reading the holds of a store.
 #[async_trait]
 pub trait Inspect: Send + Sync {

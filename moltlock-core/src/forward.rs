@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::features::{
-    CasMulti, Describe, FairQueue, Inspect, RaiseFence, ReleaseWatch, RenewMany, Watch,
+    CasMulti, Describe, FairQueue, Inspect, RaiseFence, ReleaseWatch, RenewMany, Turns, Watch,
 };
 use crate::records::{CasOutcome, HolderInfo, MultiMode, MultiOutcome, RenewItem};
 use crate::{Backend, Error, Fence, Limits, LockKey, StoreClock, Token};
@@ -153,6 +153,11 @@ pub trait Forward: Send + Sync + 'static {
     fn batch_cas(&self) -> Option<&dyn CasMulti> {
         self.inner().batch_cas()
     }
+
+    /// As [`Backend::turns`]; forwards by default.
+    fn turns(&self) -> Option<&dyn Turns> {
+        self.inner().turns()
+    }
 }
 
 #[async_trait]
@@ -217,6 +222,10 @@ impl<W: Forward> Backend for W {
 
     fn batch_cas(&self) -> Option<&dyn CasMulti> {
         Forward::batch_cas(self)
+    }
+
+    fn turns(&self) -> Option<&dyn Turns> {
+        Forward::turns(self)
     }
 }
 
@@ -286,6 +295,10 @@ macro_rules! pointer_backend {
 
             fn batch_cas(&self) -> Option<&dyn CasMulti> {
                 (**self).batch_cas()
+            }
+
+            fn turns(&self) -> Option<&dyn Turns> {
+                (**self).turns()
             }
         }
     )*};
@@ -466,6 +479,7 @@ macro_rules! hand_out {
     (@one RaiseFence) => { $crate::hand_out!(@fn fence_raiser RaiseFence); };
     (@one FairQueue) => { $crate::hand_out!(@fn fair_queue FairQueue); };
     (@one CasMulti) => { $crate::hand_out!(@fn batch_cas CasMulti); };
+    (@one Turns) => { $crate::hand_out!(@fn turns Turns); };
     (@fn $accessor:ident $extension:ident) => {
         fn $accessor(&self) -> ::core::option::Option<&dyn $crate::$extension> {
             ::core::option::Option::Some(self)

@@ -73,7 +73,7 @@ pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{redact_error, BoxError, Error, LostReason};
 pub use events::KeyEvents;
 pub use features::{
-    CasMulti, Describe, FairQueue, Inspect, RaiseFence, ReleaseWatch, RenewMany, Watch,
+    CasMulti, Describe, FairQueue, Inspect, RaiseFence, ReleaseWatch, RenewMany, Turns, Watch,
 };
 pub use forward::{BackendExt, Forward};
 pub use guard::LockGuard;

@@ -70,7 +70,8 @@ type Reply = (usize, Result<CasOutcome, Error>);
 impl QuorumBackend {
     /// A quorum over `members` (at least one; an odd count makes the most of
     /// them). Every member must raise fences ([`Backend::fence_raiser`]) and
-    /// inspect holds ([`Backend::inspector`]).
+    /// inspect holds ([`Backend::inspector`]). A member that picks the next
+    /// holder by itself ([`Backend::turns`]) has that turned off.
     ///
     /// # Errors
     /// [`Error::Config`] for no members, or a member without those.
@@ -86,6 +87,11 @@ impl QuorumBackend {
                     m.name()
                 )));
             }
+        }
+        // A member that picked the next holder by itself would split the
+        // votes: each member would keep the key for a different client.
+        for turns in members.iter().filter_map(|m| m.turns()) {
+            turns.set_turns(false);
         }
         let clock = Arc::new(StoreClock::new());
         let relays = members

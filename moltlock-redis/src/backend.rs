@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use moltlock_core::{
     async_trait, check_ttl, hand_out, Backend, CasOutcome, Error, Fence, Held, Limits, LockKey,
-    StoreClock, Token,
+    StoreClock, Token, Turns,
 };
 use redis::{Client, RedisResult};
 use tokio::sync::OnceCell;
@@ -152,15 +152,6 @@ impl RedisBackend {
         Self {
             inner: Arc::new(inner),
         }
-    }
-
-    /// Whether this instance's waiters take turns (on by default): a
-    /// release that waiting instances marked keeps the key briefly for one
-    /// of them, drawn at random, so no process starves (see the crate
-    /// docs). Turn it off for a backend that is one member of a quorum: a
-    /// turn decided by one member alone would split the members' votes.
-    pub fn set_turns(&self, on: bool) {
-        self.inner.turns.store(on, Ordering::Relaxed);
     }
 
     /// Parses `url` (see [`RedisConfig::from_url`]) and connects.
@@ -378,5 +369,17 @@ impl Backend for RedisBackend {
         LIMITS
     }
 
-    hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence, FairQueue, CasMulti);
+    hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence, FairQueue, CasMulti, Turns);
+}
+
+impl Turns for RedisBackend {
+    /// Whether this instance's waiters take turns (on by default): a
+    /// release that waiting instances marked keeps the key briefly for one
+    /// of them, drawn at random, so no process starves (see the crate
+    /// docs). A [`QuorumBackend`](moltlock_core::QuorumBackend) turns it
+    /// off on its members: a turn decided by one member alone would split
+    /// the members' votes.
+    fn set_turns(&self, on: bool) {
+        self.inner.turns.store(on, Ordering::Relaxed);
+    }
 }

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use moltlock_core::{LockManager, RetryPolicy};
+use moltlock_core::{LockManager, RetryPolicy, Turns};
 use moltlock_fixtures::redis as fx;
 use moltlock_redis::{redis, RedisBackend, RedisConfig};
 use tokio::time::Instant;

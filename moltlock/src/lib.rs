@@ -265,15 +265,6 @@ pub(crate) async fn connect_one(url: &str) -> Result<Arc<dyn Backend>, Error> {
         return Err(store.missing());
     }
     check_authority(store, url)?;
-    #[cfg(feature = "redis")]
-    if matches!(store, Store::Redis) {
-        // A turn decided by one member alone would split the votes.
-        let member = redis::RedisBackend::from_url(url)
-            .await
-            .map_err(redact_error)?;
-        member.set_turns(false);
-        return Ok(Arc::new(member));
-    }
     open_one(store, url).await.map_err(redact_error)
 }
 

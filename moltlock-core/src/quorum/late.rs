@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use tokio::time::Instant;
 use crate::clock::{lock, StepListener};
 use crate::{
     Backend, CasOutcome, Describe, Error, Fence, HolderInfo, Inspect, Limits, LockKey, RaiseFence,
-    RenewItem, RenewMany, StoreClock, Token,
+    RenewItem, RenewMany, StoreClock, Token, Turns,
 };
 
 /// Opens a member's store: what [`LateMember`] calls until it succeeds.
@@ -21,6 +22,11 @@ pub type ConnectMember = Arc<
 
 /// How long a failed connection keeps a member from trying again.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// [`LateMember::turns`] values: nothing asked yet, on, off.
+const TURNS_UNSET: u8 = 0;
+const TURNS_ON: u8 = 1;
+const TURNS_OFF: u8 = 2;
 
 /// How long one connection attempt may take.
 const CONNECT_WAIT: Duration = Duration::from_secs(5);
@@ -46,6 +52,8 @@ pub struct LateMember {
     trying: tokio::sync::Mutex<()>,
     clock: Arc<StoreClock>,
     relay: OnceLock<Arc<StepListener>>,
+    /// The [`Turns`] choice asked of it, for its store's backend.
+    turns: AtomicU8,
 }
 
 impl std::fmt::Debug for LateMember {
@@ -70,6 +78,7 @@ impl LateMember {
             trying: tokio::sync::Mutex::new(()),
             clock: Arc::new(StoreClock::new()),
             relay: OnceLock::new(),
+            turns: AtomicU8::new(TURNS_UNSET),
         }
     }
 
@@ -113,13 +122,27 @@ impl LateMember {
         }
     }
 
-    /// Keeps `backend` and passes its clock's steps on.
+    /// Keeps `backend` and passes its clock's steps on, and the choice of
+    /// [`Turns`] made before it was reached.
     fn connected(&self, backend: Arc<dyn Backend>) -> &Arc<dyn Backend> {
-        if let Some(member_clock) = backend.store_clock() {
+        let member = self.member.get_or_init(|| backend);
+        // After the member is set: a choice made meanwhile finds it.
+        if let (Some(t), Some(on)) = (member.turns(), self.turns_wanted()) {
+            t.set_turns(on);
+        }
+        if let Some(member_clock) = member.store_clock() {
             let _ = self.relay.set(StoreClock::relay(&self.clock, member_clock));
         }
         tracing::info!(member = self.name, "quorum member reached");
-        self.member.get_or_init(|| backend)
+        member
+    }
+
+    fn turns_wanted(&self) -> Option<bool> {
+        match self.turns.load(Ordering::SeqCst) {
+            TURNS_ON => Some(true),
+            TURNS_OFF => Some(false),
+            _ => None,
+        }
     }
 
     fn unsupported(&self, what: &'static str) -> Error {
@@ -179,6 +202,22 @@ impl Backend for LateMember {
 
     fn describer(&self) -> Option<&dyn Describe> {
         Some(self)
+    }
+
+    fn turns(&self) -> Option<&dyn Turns> {
+        Some(self)
+    }
+}
+
+impl Turns for LateMember {
+    /// Passes the choice on to the store's backend, now if it has been
+    /// reached, else once it is.
+    fn set_turns(&self, on: bool) {
+        let wanted = if on { TURNS_ON } else { TURNS_OFF };
+        self.turns.store(wanted, Ordering::SeqCst);
+        if let Some(t) = self.member.get().and_then(|m| m.turns()) {
+            t.set_turns(on);
+        }
     }
 }
 
