@@ -137,9 +137,9 @@
 //!   span nodes), so keep it for debugging; the pub/sub connection goes to
 //!   one node (Cluster broadcasts `PUBLISH`), moving to the next seed when it
 //!   fails.
-//! - ACL users need `EVAL`, `EVALSHA`, `GET`, `SET`, `DEL`, `PEXPIRE`,
-//!   `PTTL`, `TIME`, `PUBLISH`, `PSUBSCRIBE`, `SCAN` (cluster: `KEYS`), and
-//!   for the restart quarantine `LASTSAVE` and `INFO`, and
+//! - ACL users need `EVAL`, `EVALSHA`, `GET`, `MGET`, `SET`, `DEL`,
+//!   `PEXPIRE`, `PTTL`, `TIME`, `PUBLISH`, `PSUBSCRIBE`, `SCAN` (cluster:
+//!   `KEYS`), and for the restart quarantine `LASTSAVE` and `INFO`, and
 //!   for the turns of waiting instances `SADD`, `SREM`, `SPOP`, and for the
 //!   fair queue `ZADD`, `ZREM`, `ZRANGE`, `ZRANGEBYSCORE`, `ZSCORE`; the
 //!   key pattern `<prefix>*` and the channel pattern `<prefix>{*` *exactly*
