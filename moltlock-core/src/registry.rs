@@ -54,6 +54,9 @@ pub(crate) struct Registry {
     pub(crate) driver: Option<JoinHandle<()>>,
     /// When the driver means to look next; a new hold due later needs no wake.
     pub(crate) scheduled: Option<Instant>,
+    /// Since when the driver has found nothing held (it stops after
+    /// holding nothing for a while).
+    pub(crate) idle_since: Option<Instant>,
     /// How many of the holds are of each key.
     per_key: HashMap<LockKey, usize>,
 }
@@ -90,6 +93,8 @@ pub(crate) struct Inner {
     pub(crate) registry: Mutex<Registry>,
     pub(crate) wake: Arc<Notify>,
     pub(crate) next_id: AtomicU64,
+    /// How many renewal drivers this manager started.
+    pub(crate) drivers_started: AtomicU64,
     /// The waiters of each key, in the order they asked.
     pub(crate) queues: crate::queue::Queues,
     /// Forward steps of the store's clock: when each was seen, and its size.
@@ -126,6 +131,7 @@ impl Inner {
                 registry: Mutex::new(Registry::default()),
                 wake: Arc::new(Notify::new()),
                 next_id: AtomicU64::new(1),
+                drivers_started: AtomicU64::new(0),
                 queues: crate::queue::Queues::default(),
                 steps: Mutex::default(),
                 _on_step: on_step,
@@ -215,6 +221,7 @@ impl Inner {
         let running = reg.driver.as_ref().is_some_and(|h| !h.is_finished());
         if !running {
             reg.scheduled = None;
+            reg.idle_since = None;
             reg.driver = Some(start_driver());
         }
         let due = hold.next_renew().min(hold.valid_until());

@@ -14,12 +14,23 @@ use crate::{metrics, LostReason, RenewItem};
 /// How long the driver sleeps when it has nothing scheduled.
 const IDLE: Duration = Duration::from_secs(3600);
 
+/// How long the driver stays once the manager holds nothing, before it
+/// stops. A manager that takes and releases locks in a loop would otherwise
+/// start a driver for nearly every lock: the driver started by one
+/// acquisition often first runs after that lock's release, finds nothing
+/// and stops, and the next acquisition starts another (a task spawned, a
+/// worker thread woken and the registry contended, per lock).
+const LINGER: Duration = Duration::from_secs(5);
+
 /// Starts the renewal driver of `inner`'s holds.
 pub(crate) fn spawn_driver(inner: &Arc<Inner>) -> tokio::task::JoinHandle<()> {
+    inner
+        .drivers_started
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     tokio::spawn(drive(Arc::downgrade(inner), inner.wake.clone()))
 }
 
-/// Runs until the manager is gone or holds nothing.
+/// Runs until the manager is gone, or has held nothing for [`LINGER`].
 async fn drive(inner: Weak<Inner>, wake: Arc<Notify>) {
     loop {
         let notified = wake.notified();
@@ -47,9 +58,12 @@ async fn drive(inner: Weak<Inner>, wake: Arc<Notify>) {
 /// the driver: holds taken meanwhile get their own batches, and every
 /// deadline (and its `on_lost` callback) fires by the driver's timer. A hold
 /// is in at most one batch at a time. Returns when to look again, or `None`
-/// (having cleared the driver slot) when the manager holds nothing.
+/// (having cleared the driver slot) when the manager has held nothing
+/// since the previous round.
 fn round(inner: &Arc<Inner>) -> Option<Instant> {
-    let holds = snapshot(inner)?;
+    let Some(holds) = snapshot(inner) else {
+        return linger(inner);
+    };
     let now = Instant::now();
     for hold in holds.iter().filter(|h| h.valid_until() <= now) {
         lose_at_deadline(inner, hold);
@@ -94,10 +108,31 @@ async fn renew_batch(inner: Arc<Inner>, due: Vec<Arc<Hold>>) {
 fn snapshot(inner: &Arc<Inner>) -> Option<Vec<Arc<Hold>>> {
     let mut reg = inner.registry();
     if reg.holds.is_empty() {
-        reg.driver = None;
         return None;
     }
+    reg.idle_since = None;
     Some(reg.holds.values().cloned().collect())
+}
+
+/// Nothing held: the driver looks again when it will have held nothing for
+/// [`LINGER`] (a hold taken meanwhile and due later needs no wake, see
+/// `Inner::register`), and stops then, clearing the driver slot.
+fn linger(inner: &Arc<Inner>) -> Option<Instant> {
+    let mut reg = inner.registry();
+    let now = Instant::now();
+    if !reg.holds.is_empty() {
+        // Taken since the snapshot: look again at once.
+        return Some(now);
+    }
+    let until = *reg.idle_since.get_or_insert(now) + LINGER;
+    if now >= until {
+        reg.idle_since = None;
+        reg.driver = None;
+        reg.scheduled = None;
+        return None;
+    }
+    reg.scheduled = Some(until);
+    Some(until)
 }
 
 /// Holds past their at-most time are lost and deleted (owner-checked), not
@@ -219,4 +254,52 @@ fn next_wake(inner: &Arc<Inner>) -> Instant {
         .max(now + Duration::from_millis(1));
     reg.scheduled = Some(next);
     next
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::{LockManager, MemoryBackend};
+
+    /// A manager that takes and releases one lock after another starts one
+    /// driver, not one per lock: each driver here first runs after the
+    /// lock that started it was released.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_lock_loop_keeps_one_driver() {
+        let manager = LockManager::new(MemoryBackend::new());
+        for _ in 0..50 {
+            let guard = manager.lock("loop").await.unwrap();
+            guard.release().await.unwrap();
+            tokio::task::yield_now().await;
+        }
+        let started = manager.inner().drivers_started.load(Ordering::Relaxed);
+        assert_eq!(started, 1, "{started} drivers for 50 locks");
+    }
+
+    /// Once nothing has been held for a while the driver stops, and the
+    /// next lock starts another that renews it.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn an_idle_driver_stops_and_a_new_one_renews() {
+        let manager = LockManager::new(MemoryBackend::new());
+        let guard = manager.lock("idle").await.unwrap();
+        guard.release().await.unwrap();
+        tokio::time::sleep(LINGER * 3).await;
+        assert!(
+            manager.inner().registry().driver.is_none(),
+            "the driver outlived {:?} of holding nothing",
+            LINGER * 3
+        );
+        let guard = manager.lock("idle").await.unwrap();
+        let ttl = manager.inner().cfg.ttl;
+        tokio::time::sleep(ttl * 3).await;
+        assert!(
+            guard.is_held(),
+            "the lock taken after the idle stop was not renewed"
+        );
+        assert_eq!(manager.inner().drivers_started.load(Ordering::Relaxed), 2);
+    }
 }
