@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::config::{Mode, RedisConfig};
 use crate::conn::{self, Conn};
 use crate::error::{bad_reply, map, timed_out, NAME};
-use crate::keys::Layout;
+use crate::keys::{Layout, FENCE, INFO, WAIT};
 use crate::pubsub::{Notifier, TURN};
 use crate::scripts::{self, ACQUIRE, RELEASE, SWAP};
 
@@ -308,9 +308,9 @@ impl Backend for RedisBackend {
         if expected.is_none() {
             self.check_quarantine(ttl)?;
         }
-        let layout = &self.inner.layout;
-        let (lock, fence, ttl) = (layout.lock(key), layout.fence(key), millis(ttl));
-        let (info, wait) = (layout.info(key), layout.wait(key));
+        let lock = self.inner.layout.lock(key);
+        let (fence, ttl) = (Layout::beside(&lock, FENCE), millis(ttl));
+        let (info, wait) = (Layout::beside(&lock, INFO), Layout::beside(&lock, WAIT));
         let keep = self.keep();
         let sent_at = Instant::now();
         let reply: CasReply = match expected {
@@ -342,16 +342,16 @@ impl Backend for RedisBackend {
     /// key's release channel when a waiter marked the key.
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
         key.check_len(LIMITS.max_key_len)?;
-        let layout = &self.inner.layout;
-        let (lock, info, channel) = (layout.lock(key), layout.info(key), layout.channel(key));
-        let (wait, (turns, next)) = (layout.wait(key), Layout::turns(&lock));
+        let lock = self.inner.layout.lock(key);
+        let (info, wait) = (Layout::beside(&lock, INFO), Layout::beside(&lock, WAIT));
+        let (turns, next) = Layout::turns(&lock);
         let queue = Layout::queue_of(&lock);
         let turn = millis(TURN);
         let done: i64 = self
             .script(
                 &RELEASE,
                 &[&lock, &info, &wait, &turns, &next, &queue],
-                &[owner.as_str(), &channel, &turn],
+                &[owner.as_str(), Layout::channel_of(&lock), &turn],
             )
             .await?;
         Ok(done == 1)

@@ -18,6 +18,13 @@
 
 use moltlock_core::{LockKey, RESERVED_MARK};
 
+/// The suffix of a lock's fence key.
+pub(crate) const FENCE: &str = ":fence";
+/// The suffix of a lock's description key.
+pub(crate) const INFO: &str = ":info";
+/// The suffix of a lock's waiter mark.
+pub(crate) const WAIT: &str = ":wait";
+
 /// The key layout of one backend (its prefix).
 #[derive(Clone, Debug)]
 pub(crate) struct Layout {
@@ -51,35 +58,44 @@ impl Layout {
     /// The key holding the owner token.
     pub(crate) fn lock(&self, key: &LockKey) -> String {
         let (tagged, rest) = split(key.as_str());
-        format!(
-            "{}{{{}}}{}",
-            self.prefix,
-            escape(tagged, false),
-            escape(rest, true)
-        )
+        let mut out = String::with_capacity(self.prefix.len() + key.as_str().len() + 16);
+        out.push_str(&self.prefix);
+        out.push('{');
+        escape_into(&mut out, tagged, false);
+        out.push('}');
+        escape_into(&mut out, rest, true);
+        out
+    }
+
+    /// The key of the stored lock key `lock` with `suffix` (same hash tag).
+    pub(crate) fn beside(lock: &str, suffix: &str) -> String {
+        let mut out = String::with_capacity(lock.len() + suffix.len());
+        out.push_str(lock);
+        out.push_str(suffix);
+        out
     }
 
     /// The key holding the last fence handed out.
     pub(crate) fn fence(&self, key: &LockKey) -> String {
-        format!("{}:fence", self.lock(key))
+        Self::beside(&self.lock(key), FENCE)
     }
 
     /// The key holding the holder's description (same hash tag).
     pub(crate) fn info(&self, key: &LockKey) -> String {
-        format!("{}:info", self.lock(key))
+        Self::beside(&self.lock(key), INFO)
     }
 
     /// The key marking that a waiter waits for the lock's release (same
     /// hash tag): a release publishes only while it exists.
     pub(crate) fn wait(&self, key: &LockKey) -> String {
-        format!("{}:wait", self.lock(key))
+        Self::beside(&self.lock(key), WAIT)
     }
 
     /// For the stored lock key `lock`: the instances waiting for its next
     /// turn (a set) and the instance the current turn is reserved for,
     /// same hash tag (see the `ACQUIRE` script).
     pub(crate) fn turns(lock: &str) -> (String, String) {
-        (format!("{lock}:turns"), format!("{lock}:next"))
+        (Self::beside(lock, ":turns"), Self::beside(lock, ":next"))
     }
 
     /// The fair queue's places (a sorted set: token by arrival) and their
@@ -91,13 +107,18 @@ impl Layout {
 
     /// The fair queue's places of the stored lock key `lock`.
     pub(crate) fn queue_of(lock: &str) -> String {
-        format!("{lock}:queue")
+        Self::beside(lock, ":queue")
     }
 
     /// The pub/sub channel a release is announced on (channel names are a
     /// namespace apart from keys).
     pub(crate) fn channel(&self, key: &LockKey) -> String {
-        self.lock(key)
+        Self::channel_of(&self.lock(key)).to_owned()
+    }
+
+    /// The release channel of the stored lock key `lock`.
+    pub(crate) fn channel_of(lock: &str) -> &str {
+        lock
     }
 
     /// The PSUBSCRIBE pattern matching every release channel.
@@ -137,6 +158,17 @@ impl Layout {
 
 fn escape(key: &str, colon: bool) -> String {
     let mut out = String::with_capacity(key.len());
+    escape_into(&mut out, key, colon);
+    out
+}
+
+/// Appends `key` to `out`, escaped as [`escape`] escapes it.
+fn escape_into(out: &mut String, key: &str, colon: bool) {
+    let special = |c: char| c == '%' || c == '}' || (colon && c == ':');
+    if !key.contains(special) {
+        out.push_str(key);
+        return;
+    }
     for c in key.chars() {
         match c {
             '%' => out.push_str("%25"),
@@ -145,7 +177,6 @@ fn escape(key: &str, colon: bool) -> String {
             c => out.push(c),
         }
     }
-    out
 }
 
 fn unescape(s: &str) -> Option<String> {

@@ -399,12 +399,17 @@ impl Lua {
 
     /// `EVALSHA` (or `EVAL` when `by_source`) of this script.
     pub(crate) fn cmd(&self, by_source: bool, keys: &[&str], args: &[&str]) -> Cmd {
-        let mut cmd = if by_source {
-            redis::cmd("EVAL").arg(&self.source).to_owned()
-        } else {
-            redis::cmd("EVALSHA").arg(&self.hash).to_owned()
+        let (name, script) = match by_source {
+            true => ("EVAL", self.source.as_str()),
+            false => ("EVALSHA", self.hash.as_str()),
         };
-        cmd.arg(keys.len()).arg(keys).arg(args);
+        let data: usize = keys.iter().chain(args).map(|a| a.len()).sum();
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + args.len(), data + script.len() + 16);
+        cmd.arg(name)
+            .arg(script)
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
         cmd
     }
 
