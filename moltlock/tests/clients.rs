@@ -79,7 +79,9 @@ async fn redis_client() {
     let client = Client::open(server.url()).unwrap();
     let cfg = RedisConfig::new()
         .key_prefix(moltlock_fixtures::redis::unique_prefix())
-        .restart_quarantine(std::time::Duration::ZERO);
+        .restart_quarantine(std::time::Duration::ZERO)
+        // Leave no fence key behind on a shared server for long.
+        .fence_retention(std::time::Duration::from_secs(600));
     let backend = RedisBackend::from_client(client, cfg).await.unwrap();
     lock_once(&LockManager::new(backend)).await;
 }

@@ -1,6 +1,5 @@
 //! The whole conformance suite over a real mixed quorum: etcd, Postgres and
-//! Redis, by one `quorum:` URL (on a shared Redis, fence keys expire after
-//! 10 minutes).
+//! Redis, by one `quorum:` URL.
 #![cfg(all(feature = "etcd", feature = "postgres", feature = "redis"))]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // fixtures unwrap
 
@@ -18,15 +17,7 @@ fn url() -> String {
         .unwrap_or_else(|e| panic!("{e}"));
         let redis = moltlock_fixtures::keep_alive(|| {
             let redis = moltlock_fixtures::redis::redis()?;
-            let url = match &redis {
-                // Leave no fence key behind on a shared server for long.
-                moltlock_fixtures::redis::RedisServer::Shared(url) => {
-                    let sep = if url.contains('?') { '&' } else { '?' };
-                    format!("{url}{sep}fence_retention=600s")
-                }
-                owned => owned.url(),
-            };
-            Ok((url, redis))
+            Ok((redis.url(), redis))
         })
         .unwrap_or_else(|e| panic!("{e}"));
         let pg = moltlock_fixtures::postgres::shared_url().unwrap_or_else(|e| panic!("{e}"));
