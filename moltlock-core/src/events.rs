@@ -1,8 +1,9 @@
 //! Release events per key, for backends whose store pushes notifications
 //! (pub/sub, LISTEN/NOTIFY) over one shared connection.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::watch;
@@ -15,6 +16,8 @@ use crate::{Error, Held, ReleaseWatch};
 #[derive(Default)]
 pub struct KeyEvents {
     keys: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// The keys with a [`fire_later`](Self::fire_later) pending.
+    later: Mutex<HashSet<String>>,
 }
 
 impl KeyEvents {
@@ -53,6 +56,35 @@ impl KeyEvents {
         });
     }
 
+    /// Wakes every waiter of `key` once `after` has passed, on a task of
+    /// the current runtime; a call while one is pending for `key` adds
+    /// nothing, so waiters told later are woken at most once per `after`.
+    /// Nothing happens when nobody waits for `key` or no runtime runs.
+    pub fn fire_later(self: &Arc<Self>, key: &str, after: Duration) {
+        if !self.with_keys(|keys| keys.contains_key(key)) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let fresh = match self.later.lock() {
+            Ok(mut g) => g.insert(key.to_owned()),
+            Err(poisoned) => poisoned.into_inner().insert(key.to_owned()),
+        };
+        if !fresh {
+            return;
+        }
+        let (events, key) = (self.clone(), key.to_owned());
+        runtime.spawn(async move {
+            tokio::time::sleep(after).await;
+            match events.later.lock() {
+                Ok(mut g) => g.remove(&key),
+                Err(poisoned) => poisoned.into_inner().remove(&key),
+            };
+            events.fire(&key);
+        });
+    }
+
     /// Wakes every waiter of every key (after a reconnect, when events may
     /// have been missed), and forgets keys nobody waits for.
     pub fn fire_all(&self) {
@@ -77,5 +109,51 @@ impl ReleaseWatch for EventWatch {
             std::future::pending::<()>().await;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::time::{timeout, Instant};
+
+    use super::KeyEvents;
+    use crate::Held;
+
+    const AFTER: Duration = Duration::from_millis(20);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_later_fire_wakes_once_after_its_delay() {
+        let events = Arc::new(KeyEvents::new());
+        let mut w = events.subscribe("k");
+        let start = Instant::now();
+        events.fire_later("k", AFTER);
+        tokio::time::sleep(AFTER / 4).await;
+        events.fire_later("k", AFTER);
+        assert!(w.released(&Held::default()).await.is_ok());
+        assert!(start.elapsed() >= AFTER, "woken before the delay");
+        let again = timeout(AFTER * 3, w.released(&Held::default())).await;
+        assert!(
+            again.is_err(),
+            "two later fires within one delay woke twice"
+        );
+        events.fire_later("k", AFTER);
+        let third = timeout(AFTER * 2, w.released(&Held::default())).await;
+        assert!(
+            third.is_ok(),
+            "a later fire after the first had run was dropped"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_later_fire_wakes_only_its_key() {
+        let events = Arc::new(KeyEvents::new());
+        let mut other = events.subscribe("other");
+        events.fire_later("k", AFTER);
+        events.fire_later("nobody", AFTER);
+        let woke = timeout(AFTER * 3, other.released(&Held::default())).await;
+        assert!(woke.is_err(), "a later fire of another key woke this one");
     }
 }

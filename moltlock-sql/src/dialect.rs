@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use moltlock_core::{
-    CasOutcome, Error, Fence, HolderInfo, Limits, LockKey, MultiMode, MultiOutcome, RenewItem,
-    StoreClock, Token, Watch,
+    CasOutcome, Error, Fence, HolderInfo, Limits, LockKey, MultiMode, MultiOutcome, ReleaseWatch,
+    RenewItem, StoreClock, Token, Watch,
 };
 use tokio::time::Instant;
 
@@ -92,6 +92,17 @@ pub trait Queue: Send + Sync {
     async fn look(&self, key: &LockKey, owner: &Token, live: Duration) -> DbResult<u64>;
     /// Takes `owner`'s place out.
     async fn leave(&self, key: &LockKey, owner: &Token) -> DbResult<()>;
+    /// A release watch of `key` for the fair waiter `owner` that also
+    /// hears the releases naming it as the queue's head; `None` where the
+    /// dialect's releases name nobody (the backend's plain watch serves).
+    async fn watch_turn(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+    ) -> Option<Result<Box<dyn ReleaseWatch>, Error>> {
+        let _ = (key, owner);
+        None
+    }
     /// The single acquisition of `w`, made only when the key has no live
     /// place, in one statement; `None` where the dialect has no such
     /// statement (the caller asks [`occupied`](Self::occupied) first). A

@@ -16,7 +16,10 @@
 //!
 //! Between looks a waiter sleeps until the key may have been released:
 //! Postgres wakes it by `LISTEN/NOTIFY` (its wait marks the hold, so the
-//! release notifies), at the latest after a third of its TTL; SQLite and
+//! release notifies), at the latest after a third of its TTL (a waiter
+//! behind others that finds the key free between a release and the head's
+//! take looks again within 1 ms, doubling, so it marks the head's hold in
+//! time to hear its release); SQLite and
 //! MySQL have no notifications, so waiters poll by their place: the head
 //! after 1 ms, doubling to 25 ms while the key stays held (never past the
 //! holder's time left), the next in line every 5 ms (so it looks soon after
@@ -59,6 +62,11 @@ const LEAVE_PAUSES: [Duration; 4] = [
     Duration::from_millis(500),
     Duration::from_secs(1),
 ];
+/// How often a waiter with a watch looks again per place ahead of it when
+/// no release woke it: a head that stopped waiting keeps its place until
+/// the place's time passes, and takes no key, so no release follows; the
+/// next in line takes the key this soon after the place died.
+const BEHIND: Duration = Duration::from_millis(250);
 /// Pause after a retryable failure.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
@@ -68,6 +76,29 @@ enum Looked {
     Taken(Fence),
     /// Wait: the head found the key held (as `Some`), or places are ahead.
     Wait(Option<Held>, u64),
+}
+
+/// `ahead` as a multiplier of [`BEHIND`].
+fn places(ahead: u64) -> u32 {
+    u32::try_from(ahead.min(40)).unwrap_or(40)
+}
+
+/// A waiter's next pauses.
+struct Pauses {
+    /// The head's next pause on a database with no notifications.
+    head: Duration,
+    /// The next pause of a waiter behind others whose watch found the key
+    /// free (the head has not taken it yet).
+    soon: Duration,
+}
+
+impl Default for Pauses {
+    fn default() -> Self {
+        Self {
+            head: HEAD_FIRST,
+            soon: HEAD_FIRST,
+        }
+    }
 }
 
 /// How long a waiter on a database with no notifications pauses: by its
@@ -142,23 +173,50 @@ impl<D: Dialect> SqlBackend<D> {
         }
     }
 
+    /// A look, or for a waiter that a recent look found at the head (at
+    /// `head_since`), only the head's attempt: newcomers are numbered after
+    /// the head, and its place, which the look left with at least half its
+    /// time, is still alive, so a look would find it at the head again
+    /// (short of a waiter that stopped looking coming back to its dead
+    /// place before anyone removed it; the key then goes to one of the
+    /// two, as it would after a look).
+    async fn next_look(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+        head_since: &mut Option<Instant>,
+    ) -> Result<Looked, Error> {
+        let now = Instant::now();
+        if head_since.is_some_and(|t| now < t + ttl.max(LEAST_LIVE) / 3) {
+            return self.try_take(key, token, ttl).await;
+        }
+        let looked = self.look(key, token, ttl).await;
+        *head_since = matches!(looked, Ok(Looked::Wait(_, 0))).then_some(now);
+        looked
+    }
+
     /// Sleeps until the key may have been released, or a pause passed
-    /// (on a database with no notifications, by the waiter's place, with
-    /// the head's next pause in `head`). A watch answers at once while the
-    /// key is free and the head has not taken it yet: a waiter behind
-    /// others then sleeps its place's poll pause, as looking again at once
-    /// would only spin.
+    /// (on a database with no notifications, by the waiter's place; see
+    /// [`Pauses`]). A watch answers at once while the key is free and the
+    /// head has not taken it yet: a waiter behind others then pauses 1 ms,
+    /// doubling while it stays so (at most its place's poll pause), as
+    /// looking again at once would only spin. It then watches the head's
+    /// hold, and hears its release: a waiter that slept its whole poll
+    /// pause would miss the release of a hold shorter than that, and look
+    /// only after it.
     async fn sleep(
         &self,
         watch: &mut Option<Box<dyn ReleaseWatch>>,
         (held, ahead): (Option<Held>, u64),
-        head: &mut Duration,
+        pauses: &mut Pauses,
         ttl: Duration,
     ) {
         let started = Instant::now();
-        let polled = poll_pause(ahead, head);
+        let polled = poll_pause(ahead, &mut pauses.head);
         let mut pause = match watch {
-            Some(_) => (ttl / 3).max(GAP),
+            Some(_) if ahead == 0 => (ttl / 3).max(GAP),
+            Some(_) => (ttl / 3).min(BEHIND * places(ahead)).max(GAP),
             None => polled,
         };
         if let Some(left) = held.as_ref().and_then(|h| h.expires_in) {
@@ -172,8 +230,15 @@ impl<D: Dialect> SqlBackend<D> {
             told = w.released(&held) => if told.is_err() { *watch = None },
             _ = tokio::time::sleep(pause) => {}
         }
-        if ahead > 0 && started.elapsed() < AT_ONCE {
-            tokio::time::sleep_until(started + polled).await;
+        if ahead == 0 {
+            return;
+        }
+        if started.elapsed() < AT_ONCE {
+            let pause = pauses.soon.min(polled);
+            pauses.soon = (pauses.soon * 2).min(polled);
+            tokio::time::sleep_until(started + pause).await;
+        } else {
+            pauses.soon = HEAD_FIRST;
         }
     }
 
@@ -184,9 +249,12 @@ impl<D: Dialect> SqlBackend<D> {
         token: &Token,
         ttl: Duration,
     ) -> Result<Fence, Error> {
-        let mut watch = match self.watcher() {
-            Some(w) => w.watch(key).await.ok(),
-            None => None,
+        let mut watch = match D::queue(&self.inner).watch_turn(key, token).await {
+            Some(named) => named.ok(),
+            None => match self.watcher() {
+                Some(w) => w.watch(key).await.ok(),
+                None => None,
+            },
         };
         if let Some(fence) = self.take_unqueued(key, token, ttl).await? {
             return Ok(fence);
@@ -197,16 +265,18 @@ impl<D: Dialect> SqlBackend<D> {
             token: token.clone(),
             left: false,
         };
-        let mut head = HEAD_FIRST;
+        let mut pauses = Pauses::default();
+        let mut head_since = None;
         loop {
             let looked = Instant::now();
-            match self.look(key, token, ttl).await {
+            match self.next_look(key, token, ttl, &mut head_since).await {
                 Ok(Looked::Taken(fence)) => {
                     place.leave().await;
                     return Ok(fence);
                 }
                 Ok(Looked::Wait(held, ahead)) => {
-                    self.sleep(&mut watch, (held, ahead), &mut head, ttl).await
+                    self.sleep(&mut watch, (held, ahead), &mut pauses, ttl)
+                        .await
                 }
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(%key, error = %e, "fair queue look failed; retrying");

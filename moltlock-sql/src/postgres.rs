@@ -56,8 +56,9 @@
 //!   looks again at once. So a release either came before the mark (and
 //!   the waiter does not wait) or sees it and notifies: no wake-up is lost.
 //!   While its mark lasts (less a second) a waiter waits without marking
-//!   again, so waiting costs one mark per waiter per 9 s, and a mark needs
-//!   no removal. A step of the database clock by more than that can cost a
+//!   again, and a mark that another waiter made and that has 5 s left is
+//!   read, not written: waiting costs about one write per key per 5 s, and
+//!   a mark needs no removal. A step of the database clock by more than that can cost a
 //!   waiter a notification (it then wakes by its retry policy or the hold's
 //!   expiry). A table made before marks needs `migrate()` (or the
 //!   add-column statement of [`PostgresBackend::ddl`]) when `auto_migrate`
@@ -65,7 +66,12 @@
 //!   versions without marks are not woken by the releases of this one:
 //!   upgrade a fleet's waiters first, or accept they poll meanwhile.
 //!   When the listening connection drops, every waiter is woken to look
-//!   again and it reconnects by itself.
+//!   again and it reconnects by itself. A release of a key whose fair
+//!   queue has a live place names the queue's head in its notification:
+//!   that waiter is woken at once, the key's other waiters 20 ms later (at
+//!   most once per 20 ms), so a release sets one fair waiter going, not the
+//!   whole queue. Waiters of versions before this naming hear such a
+//!   release only by their mark's expiry or retry policy.
 //! - Behind PgBouncer in transaction mode, `LISTEN` does not work (it needs a
 //!   session): point [`SqlConfig`] at a session-mode pool or the server, or
 //!   rely on polling (waiters still get the lock, only later). Every other
@@ -292,13 +298,26 @@ fn saw_clock(db: &Shared<Pg>, sent_at: Instant, now_us: i64) {
 #[async_trait]
 impl Watch for Shared<Pg> {
     async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error> {
+        self.marking(key, None).await
+    }
+}
+
+impl Shared<Pg> {
+    /// A watch of `key` that keeps its row marked while it waits; with
+    /// `named`, it also hears the releases that name that fair waiter.
+    pub(super) async fn marking(
+        &self,
+        key: &LockKey,
+        named: Option<&Token>,
+    ) -> Result<Box<dyn ReleaseWatch>, Error> {
         let listener = &self.dialect.listener;
-        let events = listener
-            .watch(&self.pool, key.as_str())
+        let (events, named) = listener
+            .watch(&self.pool, key.as_str(), named.map(Token::as_str))
             .await
             .map_err(|e| map(Pg::NAME, e))?;
         Ok(Box::new(listen::Marking {
             events,
+            named,
             pool: self.pool.clone(),
             mark: self.dialect.sql.mark.clone(),
             key: key.as_str().to_owned(),
@@ -307,8 +326,48 @@ impl Watch for Shared<Pg> {
     }
 }
 
+/// The release of `$1` by `$2` from table `t` (a hold is `live`), notifying channel `$3` when
+/// a waiter marked the row (`CASE` decides whether `pg_notify` runs; `AND`
+/// would not). The payload is the key, and when the key's fair queue
+/// (table `places`) has a live place, a `\x01` and the head's token: that
+/// waiter is woken at once, the key's other waiters a turn later (see
+/// `listen`), so a release sets one fair waiter going, not all.
+fn release(t: &str, places: &str, live: &str) -> String {
+    format!(
+        "UPDATE {t} SET owner = '', expires_at = 'epoch', acquired_at = now(), \
+         version = version + 1 \
+         WHERE key = $1 AND owner = $2 AND owner <> '' AND {live} \
+         RETURNING (CASE WHEN wait_until > now() THEN pg_notify($3, key || COALESCE(chr(1) || \
+         (SELECT p.owner FROM {places} p WHERE p.key = $1 AND p.alive_until > now() \
+         ORDER BY p.seq LIMIT 1), '')) END) IS NULL"
+    )
+}
+
+/// The mark of a waiter whose attempt on `$1` saw holder `$2` (`NULL`: it
+/// saw none): the row is marked while that hold lasts, replying the mark's
+/// ms left; no row when the hold has ended. A mark with at least
+/// [`MARK_KEEP_SECS`] left is kept as it is, so most marks are reads, with
+/// no commit to flush: the waiters of a busy key mark once per few seconds
+/// between them, not once per wait. (Marks only ever move later, so a mark
+/// the statement's snapshot shows fresh is fresh; one it shows stale that
+/// the update then misses means the hold ended meanwhile.)
+fn mark(t: &str, live: &str) -> String {
+    let seen = format!("key = $1 AND ($2::text IS NULL OR owner = $2) AND owner <> '' AND {live}");
+    let keep = format!("now() + interval '{MARK_KEEP_SECS} seconds'");
+    format!(
+        "WITH cur AS (SELECT wait_until FROM {t} WHERE {seen}), \
+         up AS (UPDATE {t} SET wait_until = now() + interval '{MARK_SECS} seconds' \
+         WHERE {seen} AND wait_until < {keep} RETURNING wait_until) \
+         SELECT (extract(epoch FROM w - now()) * 1000)::bigint FROM \
+         (SELECT wait_until AS w FROM up UNION ALL \
+         SELECT wait_until FROM cur WHERE wait_until >= {keep}) m LIMIT 1"
+    )
+}
+
 /// How long a waiter's mark lasts, by the database clock.
 const MARK_SECS: u64 = 10;
+/// A mark with this long left is not written again.
+const MARK_KEEP_SECS: u64 = 5;
 
 /// The server clock in microseconds since the epoch, as replies report it.
 const NOW_US: &str = "(extract(epoch FROM now()) * 1000000)::bigint";
@@ -381,12 +440,12 @@ impl Statements {
         ));
         ddl.push(queue::QueueSql::new(cfg)?.ddl);
         let observed = cfg.expiry == Expiry::Observed;
-        let mut sql = Self::build(&t, &seq, ddl, observed);
+        let places = q(&format!("{table}_queue"));
+        let mut sql = Self::build(&t, &seq, &places, ddl, observed);
         // Places of waiters gone for an hour, on keys nobody waited for since.
         sql.sweep = format!(
-            "WITH places AS (DELETE FROM {} WHERE alive_until < now() - $1::bigint * interval \
+            "WITH places AS (DELETE FROM {places} WHERE alive_until < now() - $1::bigint * interval \
              '1 millisecond') {}",
-            q(&format!("{table}_queue")),
             sql.sweep
         );
         Ok(sql)
@@ -403,7 +462,7 @@ impl Statements {
     /// clears the owner and sets `expires_at` to the epoch, so a released
     /// key is free whatever the clock does; `acquired_at` then records the
     /// release, for the sweep.
-    fn build(t: &str, seq: &str, ddl: Vec<String>, observed: bool) -> Self {
+    fn build(t: &str, seq: &str, places: &str, ddl: Vec<String>, observed: bool) -> Self {
         let ms = "$3::bigint * interval '1 millisecond'";
         let live = match observed {
             false => "expires_at > now()",
@@ -429,22 +488,8 @@ impl Statements {
                  version = version + 1, ttl_ms = $3 \
                  WHERE key = $1 AND owner = $2 AND {live} RETURNING fence, {NOW_US}"
             ),
-            // `CASE` decides whether `pg_notify` runs (`AND` would not).
-            delete: format!(
-                "UPDATE {t} SET owner = '', expires_at = 'epoch', acquired_at = now(), \
-                 version = version + 1 \
-                 WHERE key = $1 AND owner = $2 AND owner <> '' AND {live} \
-                 RETURNING (CASE WHEN wait_until > now() THEN pg_notify($3, key) END) IS NULL"
-            ),
-            // The waiter's attempt saw holder `$2` (`NULL`: it saw none):
-            // marked while that hold lasts, replying the mark's ms left; no
-            // row when it has ended.
-            mark: format!(
-                "UPDATE {t} SET wait_until = GREATEST(wait_until, now() + interval '{MARK_SECS} seconds') \
-                 WHERE key = $1 AND ($2::text IS NULL OR owner = $2) AND owner <> '' AND {live} \
-                 RETURNING (extract(epoch FROM wait_until - now()) * 1000)::bigint"
-            )
-            .into(),
+            delete: release(t, places, live),
+            mark: mark(t, live).into(),
             renew_many: format!(
                 "UPDATE {t} AS l SET expires_at = now() + x.ms * interval '1 millisecond', \
                  version = l.version + 1, ttl_ms = x.ms \

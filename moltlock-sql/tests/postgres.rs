@@ -8,6 +8,9 @@ use moltlock_core::{Backend, Error, LockManager, Token};
 use moltlock_fixtures::postgres::{self, PgOptions};
 use moltlock_sql::{PostgresBackend, SqlConfig};
 
+mod pg_common;
+use pg_common::{drop_lock_table, shared, uuid_suffix};
+
 fn pg() -> moltlock_conformance::Factory {
     moltlock_fixtures::conformance_factory(postgres::shared_url(), |url| async move {
         PostgresBackend::from_url(&url).await
@@ -15,10 +18,6 @@ fn pg() -> moltlock_conformance::Factory {
 }
 
 moltlock_conformance::conformance_tests!(pg());
-
-fn shared() -> String {
-    postgres::shared_url().unwrap_or_else(|e| panic!("{e}"))
-}
 
 #[tokio::test]
 async fn table_and_schema_names_are_validated() {
@@ -63,10 +62,6 @@ async fn custom_schema_and_unlogged_table_work() {
         .execute(b.pool())
         .await
         .unwrap();
-}
-
-fn uuid_suffix() -> String {
-    Token::random().as_str().replace('-', "")[..12].to_owned()
 }
 
 #[tokio::test]
@@ -413,122 +408,4 @@ async fn a_backend_on_the_applications_pool_leaves_it_usable() {
     // The application's pool still serves the application: it drops the table.
     drop_lock_table(&pool, &table).await;
     assert!(!pool.is_closed());
-}
-
-/// Drops a test's lock table and its fence sequence.
-async fn drop_lock_table(pool: &sqlx::PgPool, table: &str) {
-    for drop in [
-        format!("TABLE \"{table}\", \"{table}_queue\""),
-        format!("SEQUENCE \"{table}_fence\""),
-    ] {
-        if let Err(e) = sqlx::query(&format!("DROP {drop}")).execute(pool).await {
-            panic!("dropping {drop}: {e}");
-        }
-    }
-}
-
-/// A pool, a fresh table name and a listener on its release channel.
-async fn notify_case(name: &str) -> (sqlx::PgPool, String, sqlx::postgres::PgListener) {
-    let url = shared();
-    let table = format!("{name}_{}", uuid_suffix());
-    let opened = async {
-        let pool = sqlx::PgPool::connect(&url).await?;
-        let mut listener = sqlx::postgres::PgListener::connect(&url).await?;
-        listener.listen(&format!("moltlock_{table}")).await?;
-        Ok::<_, sqlx::Error>((pool, listener))
-    };
-    match opened.await {
-        Ok((pool, listener)) => (pool, table, listener),
-        Err(e) => panic!("connecting to {url}: {e}"),
-    }
-}
-
-/// A manager whose retry policy would not look again for a minute: only a
-/// notification (or the hold's expiry) wakes it.
-fn slow_waiter(backend: PostgresBackend) -> LockManager {
-    LockManager::builder(backend)
-        .retry(moltlock_core::RetryPolicy::Fixed(Duration::from_secs(60)))
-        .build()
-        .unwrap_or_else(|e| panic!("a manager: {e}"))
-}
-
-/// The payloads of the notifications `listener` receives within `within`.
-async fn heard(listener: &mut sqlx::postgres::PgListener, within: Duration) -> Vec<String> {
-    let mut payloads = Vec::new();
-    let until = tokio::time::Instant::now() + within;
-    while let Ok(Ok(n)) = tokio::time::timeout_at(until, listener.recv()).await {
-        payloads.push(n.payload().to_owned());
-    }
-    payloads
-}
-
-/// The waiter's guard once `task` took the key within `secs`, after a
-/// notification naming `key` reached `listener`.
-async fn woken_and_told<T>(
-    task: tokio::task::JoinHandle<Result<T, moltlock_core::Error>>,
-    listener: &mut sqlx::postgres::PgListener,
-    key: &str,
-    secs: u64,
-) -> T {
-    let got = match tokio::time::timeout(Duration::from_secs(secs), task).await {
-        Ok(Ok(Ok(got))) => got,
-        Ok(Ok(Err(e))) => panic!("the waiter failed: {e}"),
-        Ok(Err(e)) => panic!("the waiter panicked: {e}"),
-        Err(_) => panic!("the waiter was not woken by the release"),
-    };
-    let told = heard(listener, Duration::from_millis(200)).await;
-    assert!(told.iter().any(|k| k == key), "no notification: {told:?}");
-    got
-}
-
-/// A waiter that waits longer than its mark lasts (10 s) keeps the row
-/// marked: the release of a hold renewed all along still notifies.
-#[tokio::test]
-async fn a_long_wait_keeps_its_mark() {
-    let (pool, table, mut listener) = notify_case("notify_long").await;
-    let open = || PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&table));
-    let holder = LockManager::builder(open().await.unwrap())
-        .ttl(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let waiter = slow_waiter(open().await.unwrap());
-    let held = holder.lock("long").await.unwrap();
-    let task = tokio::spawn(async move { waiter.lock("long").await.map(|g| (g, waiter)) });
-    tokio::time::sleep(Duration::from_secs(12)).await; // past the first mark
-    assert!(!task.is_finished(), "the waiter took a held key");
-    held.release().await.unwrap();
-    let (next, _waiter) = woken_and_told(task, &mut listener, "long", 5).await;
-    next.release().await.unwrap();
-    drop_lock_table(&pool, &table).await;
-}
-
-/// A release notifies only when a waiter marked its key: a release nobody
-/// waited for, or only a `try_lock` looked at, sends nothing; a waiter
-/// whose retry policy would not look for a minute is woken by the release.
-#[tokio::test]
-async fn a_release_notifies_only_when_a_waiter_marked_the_key() {
-    let (pool, table, mut listener) = notify_case("notify").await;
-    let open = || PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&table));
-    let holder = LockManager::new(open().await.unwrap());
-    let waiter = slow_waiter(open().await.unwrap());
-
-    let alone = holder.lock("alone").await.unwrap();
-    alone.release().await.unwrap();
-    let tried = holder.lock("tried").await.unwrap();
-    assert!(waiter.try_lock("tried").await.unwrap().is_none());
-    tried.release().await.unwrap();
-    let quiet = heard(&mut listener, Duration::from_millis(500)).await;
-    assert!(
-        quiet.is_empty(),
-        "releases nobody waited for notified: {quiet:?}"
-    );
-
-    let held = holder.lock("waited").await.unwrap();
-    let task = tokio::spawn(async move { waiter.lock("waited").await.map(|g| (g, waiter)) });
-    tokio::time::sleep(Duration::from_millis(500)).await; // the waiter waits
-    held.release().await.unwrap();
-    let (next, _waiter) = woken_and_told(task, &mut listener, "waited", 10).await;
-    next.release().await.unwrap();
-
-    drop_lock_table(&pool, &table).await;
 }

@@ -42,12 +42,15 @@ impl Listener {
         &self.channel
     }
 
-    /// A watch for the release of `key`, listening first if nobody does yet.
+    /// A watch for the release of `key`, and with `named` one for the
+    /// releases that name that fair waiter (see [`dispatch`]), listening
+    /// first if nobody does yet.
     pub(super) async fn watch(
         &self,
         pool: &PgPool,
         key: &str,
-    ) -> Result<Box<dyn ReleaseWatch>, sqlx::Error> {
+        named: Option<&str>,
+    ) -> Result<(Box<dyn ReleaseWatch>, Option<Box<dyn ReleaseWatch>>), sqlx::Error> {
         self.task
             .get_or_try_init(|| async {
                 let listener = subscribe(pool, &self.channel).await?;
@@ -60,7 +63,30 @@ impl Listener {
                 Ok::<_, sqlx::Error>(tokio::spawn(task))
             })
             .await?;
-        Ok(self.events.subscribe(key))
+        let named = named.map(|token| self.events.subscribe(&format!("{key}{HEAD_MARK}{token}")));
+        Ok((self.events.subscribe(key), named))
+    }
+}
+
+/// What separates a release's key from the fair queue head it names.
+pub(super) const HEAD_MARK: char = '\u{1}';
+/// How long after a release that names a fair queue's head the key's other
+/// waiters are woken: long enough for the head to take the key first.
+const TURN: Duration = Duration::from_millis(20);
+
+/// Wakes the waiters a release's `payload` concerns: those of its key, or,
+/// when it names the key's fair queue head, that waiter at once and the
+/// key's others a [`TURN`] later (at most once per turn). A release then
+/// sets one fair waiter going, not the whole queue; the rest look again
+/// after the head had its turn, which also covers a named head that has
+/// just given up.
+fn dispatch(events: &Arc<KeyEvents>, payload: &str) {
+    match payload.split_once(HEAD_MARK) {
+        Some((key, _)) => {
+            events.fire(payload);
+            events.fire_later(key, TURN);
+        }
+        None => events.fire(payload),
     }
 }
 
@@ -74,6 +100,8 @@ const MIN_MARK_WAIT: Duration = Duration::from_millis(100);
 pub(super) struct Marking {
     /// The subscription, made before the attempt.
     pub(super) events: Box<dyn ReleaseWatch>,
+    /// A fair waiter's subscription to the releases that name it.
+    pub(super) named: Option<Box<dyn ReleaseWatch>>,
     pub(super) pool: PgPool,
     /// The marking statement.
     pub(super) mark: Arc<str>,
@@ -83,6 +111,17 @@ pub(super) struct Marking {
 }
 
 impl Marking {
+    /// The next release of the key, or one that names this waiter.
+    async fn next_release(&mut self, held: &Held) -> Result<(), Error> {
+        match self.named.as_mut() {
+            Some(named) => tokio::select! {
+                told = self.events.released(held) => told,
+                told = named.released(held) => told,
+            },
+            None => self.events.released(held).await,
+        }
+    }
+
     /// Marks the row while the hold `held` names lasts; `false` when it has
     /// ended.
     async fn mark(&mut self, held: &Held) -> Result<bool, Error> {
@@ -118,7 +157,7 @@ impl ReleaseWatch for Marking {
             let wait = until
                 .saturating_duration_since(Instant::now() + MARK_MARGIN)
                 .max(MIN_MARK_WAIT);
-            if let Ok(told) = tokio::time::timeout(wait, self.events.released(held)).await {
+            if let Ok(told) = tokio::time::timeout(wait, self.next_release(held)).await {
                 return told;
             }
             self.marked_until = None; // about to end: mark again
@@ -140,7 +179,7 @@ async fn subscribe(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Err
 async fn listen(mut listener: PgListener, pool: PgPool, channel: String, events: Arc<KeyEvents>) {
     loop {
         match listener.try_recv().await {
-            Ok(Some(n)) => events.fire(n.payload()),
+            Ok(Some(n)) => dispatch(&events, n.payload()),
             Ok(None) | Err(_) => {
                 tracing::debug!("listen connection lost; reconnecting");
                 events.fire_all();

@@ -1,6 +1,7 @@
 //! The fair queue's places (see the crate's `fair` module) in the table
 //! `<table>_queue` beside the locks, numbered by a `bigserial`. One
-//! statement per look, and one for a fair acquisition of a free key with
+//! statement per look (a read while the waiter's place has more than
+//! half its time left), and one for a fair acquisition of a free key with
 //! no places (the plain acquisition, writing only when no live place is
 //! found).
 //!
@@ -17,7 +18,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use moltlock_core::{CasOutcome, Error, LockKey, Token};
+use moltlock_core::{CasOutcome, Error, LockKey, ReleaseWatch, Token};
 
 use super::{qualified, take, Pg};
 use crate::config::SqlConfig;
@@ -48,6 +49,7 @@ impl QueueSql {
         );
         let logged = if cfg.unlogged { "UNLOGGED " } else { "" };
         let live = "p.key = $1 AND p.alive_until > now()";
+        let ms = "$3::bigint * interval '1 millisecond'";
         Ok(Self {
             ddl: format!(
                 "CREATE {logged}TABLE IF NOT EXISTS {q} (seq bigserial PRIMARY KEY, \
@@ -64,15 +66,21 @@ impl QueueSql {
                 ),
                 false,
             ),
-            // The snapshot does not show `me`'s row, and the other places
-            // it shows are judged alive by the clock, so `gone` needs no
-            // ordering against the final read.
+            // The snapshot does not show a row `put` writes, and the other
+            // places it shows are judged alive by the clock, so `gone` needs
+            // no ordering against the final read. A place with more than
+            // half its time left is not written: the look is then a read,
+            // with no commit to flush (a look comes at least every third
+            // of the TTL, and a place lives at least the TTL).
             look: format!(
                 "WITH gone AS (DELETE FROM {q} WHERE key = $1 AND owner <> $2 AND alive_until <= now()), \
-                 me AS (INSERT INTO {q} AS p (key, owner, alive_until) \
-                 VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond') \
+                 kept AS (SELECT seq FROM {q} WHERE key = $1 AND owner = $2 \
+                 AND alive_until > now() + {ms} / 2), \
+                 put AS (INSERT INTO {q} AS p (key, owner, alive_until) \
+                 SELECT $1, $2, now() + {ms} WHERE NOT EXISTS (SELECT 1 FROM kept) \
                  ON CONFLICT (key, owner) DO UPDATE SET alive_until = EXCLUDED.alive_until \
-                 RETURNING p.seq) \
+                 RETURNING p.seq), \
+                 me AS (SELECT seq FROM kept UNION ALL SELECT seq FROM put) \
                  SELECT count(*) FROM {q} p, me WHERE {live} AND p.owner <> $2 \
                  AND p.seq < me.seq"
             ),
@@ -107,6 +115,14 @@ impl Queue for Shared<Pg> {
             return Ok(None);
         }
         Ok(Some(take::run(self, w, &self.dialect.queue.take).await?))
+    }
+
+    async fn watch_turn(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+    ) -> Option<Result<Box<dyn ReleaseWatch>, Error>> {
+        Some(self.marking(key, Some(owner)).await)
     }
 
     async fn leave(&self, key: &LockKey, owner: &Token) -> DbResult<()> {

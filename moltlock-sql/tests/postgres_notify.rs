@@ -1,0 +1,257 @@
+//! Postgres wake-ups: a release notifies only when a waiter marked its
+//! key, marks are written only when they run low, and a release of a key
+//! with a fair queue names its head.
+
+use std::time::Duration;
+
+use moltlock_core::{LockGuard, LockManager, LockOptions};
+use moltlock_sql::{PostgresBackend, SqlConfig};
+
+mod pg_common;
+use pg_common::{drop_lock_table, shared, uuid_suffix};
+
+/// A pool, a fresh table name and a listener on its release channel.
+async fn notify_case(name: &str) -> (sqlx::PgPool, String, sqlx::postgres::PgListener) {
+    let url = shared();
+    let table = format!("{name}_{}", uuid_suffix());
+    let opened = async {
+        let pool = sqlx::PgPool::connect(&url).await?;
+        let mut listener = sqlx::postgres::PgListener::connect(&url).await?;
+        listener.listen(&format!("moltlock_{table}")).await?;
+        Ok::<_, sqlx::Error>((pool, listener))
+    };
+    match opened.await {
+        Ok((pool, listener)) => (pool, table, listener),
+        Err(e) => panic!("connecting to {url}: {e}"),
+    }
+}
+
+/// A manager whose retry policy would not look again for a minute: only a
+/// notification (or the hold's expiry) wakes it. Its holds last 30 s, so a
+/// fair waiter's own next look is 10 s away.
+fn slow_waiter(backend: PostgresBackend) -> LockManager {
+    LockManager::builder(backend)
+        .ttl(Duration::from_secs(30))
+        .retry(moltlock_core::RetryPolicy::Fixed(Duration::from_secs(60)))
+        .build()
+        .unwrap_or_else(|e| panic!("a manager: {e}"))
+}
+
+/// The payloads of the notifications `listener` receives within `within`.
+async fn heard(listener: &mut sqlx::postgres::PgListener, within: Duration) -> Vec<String> {
+    let mut payloads = Vec::new();
+    let until = tokio::time::Instant::now() + within;
+    while let Ok(Ok(n)) = tokio::time::timeout_at(until, listener.recv()).await {
+        payloads.push(n.payload().to_owned());
+    }
+    payloads
+}
+
+/// The waiter's guard once `task` took the key within `secs`, after a
+/// notification naming `key` reached `listener`.
+async fn woken_and_told<T>(
+    task: tokio::task::JoinHandle<Result<T, moltlock_core::Error>>,
+    listener: &mut sqlx::postgres::PgListener,
+    key: &str,
+    secs: u64,
+) -> T {
+    let got = match tokio::time::timeout(Duration::from_secs(secs), task).await {
+        Ok(Ok(Ok(got))) => got,
+        Ok(Ok(Err(e))) => panic!("the waiter failed: {e}"),
+        Ok(Err(e)) => panic!("the waiter panicked: {e}"),
+        Err(_) => panic!("the waiter was not woken by the release"),
+    };
+    let told = heard(listener, Duration::from_millis(200)).await;
+    assert!(told.iter().any(|k| k == key), "no notification: {told:?}");
+    got
+}
+
+/// A waiter that waits longer than its mark lasts (10 s) keeps the row
+/// marked: the release of a hold renewed all along still notifies.
+#[tokio::test]
+async fn a_long_wait_keeps_its_mark() {
+    let (pool, table, mut listener) = notify_case("notify_long").await;
+    let open = || PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&table));
+    let holder = LockManager::builder(open().await.unwrap())
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let waiter = slow_waiter(open().await.unwrap());
+    let held = holder.lock("long").await.unwrap();
+    let task = tokio::spawn(async move { waiter.lock("long").await.map(|g| (g, waiter)) });
+    tokio::time::sleep(Duration::from_secs(12)).await; // past the first mark
+    assert!(!task.is_finished(), "the waiter took a held key");
+    held.release().await.unwrap();
+    let (next, _waiter) = woken_and_told(task, &mut listener, "long", 5).await;
+    next.release().await.unwrap();
+    drop_lock_table(&pool, &table).await;
+}
+
+/// A release notifies only when a waiter marked its key: a release nobody
+/// waited for, or only a `try_lock` looked at, sends nothing; a waiter
+/// whose retry policy would not look for a minute is woken by the release.
+#[tokio::test]
+async fn a_release_notifies_only_when_a_waiter_marked_the_key() {
+    let (pool, table, mut listener) = notify_case("notify").await;
+    let open = || PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&table));
+    let holder = LockManager::new(open().await.unwrap());
+    let waiter = slow_waiter(open().await.unwrap());
+
+    let alone = holder.lock("alone").await.unwrap();
+    alone.release().await.unwrap();
+    let tried = holder.lock("tried").await.unwrap();
+    assert!(waiter.try_lock("tried").await.unwrap().is_none());
+    tried.release().await.unwrap();
+    let quiet = heard(&mut listener, Duration::from_millis(500)).await;
+    assert!(
+        quiet.is_empty(),
+        "releases nobody waited for notified: {quiet:?}"
+    );
+
+    let held = holder.lock("waited").await.unwrap();
+    let task = tokio::spawn(async move { waiter.lock("waited").await.map(|g| (g, waiter)) });
+    tokio::time::sleep(Duration::from_millis(500)).await; // the waiter waits
+    held.release().await.unwrap();
+    let (next, _waiter) = woken_and_told(task, &mut listener, "waited", 10).await;
+    next.release().await.unwrap();
+
+    drop_lock_table(&pool, &table).await;
+}
+
+/// The row's mark (`wait_until`) as ms from now.
+async fn mark_left(pool: &sqlx::PgPool, table: &str, key: &str) -> i64 {
+    let sql = format!(
+        "SELECT (extract(epoch FROM wait_until - now()) * 1000)::bigint FROM \"{table}\" WHERE key = $1"
+    );
+    match sqlx::query_scalar(&sql).bind(key).fetch_one(pool).await {
+        Ok(left) => left,
+        Err(e) => panic!("reading the mark: {e}"),
+    }
+}
+
+/// A waiting task of its own manager on `key`.
+fn wait_for(
+    waiter: LockManager,
+    key: &'static str,
+    opts: LockOptions,
+) -> tokio::task::JoinHandle<Result<(LockGuard, LockManager), moltlock_core::Error>> {
+    tokio::spawn(async move {
+        match waiter.acquire(key, opts).await {
+            Ok(Some(g)) => Ok((g, waiter)),
+            Ok(None) => panic!("the waiter timed out"),
+            Err(e) => Err(e),
+        }
+    })
+}
+
+/// A second waiter finds the key marked by the first and does not write
+/// the mark again; a mark with less than 5 s left is written again (to
+/// 10 s); and the release still wakes the first waiter.
+#[tokio::test]
+async fn a_fresh_mark_is_read_not_written() {
+    let (pool, table, mut listener) = notify_case("notify_mark").await;
+    let open = || PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&table));
+    let holder = LockManager::new(open().await.unwrap());
+    let held = holder.lock("m").await.unwrap();
+    let wait = LockOptions::new().timeout(Duration::from_secs(30));
+    let first = wait_for(slow_waiter(open().await.unwrap()), "m", wait.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let marked = mark_left(&pool, &table, "m").await;
+    assert!(marked > 9_000, "the first waiter's mark: {marked} ms");
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let second = wait_for(slow_waiter(open().await.unwrap()), "m", wait.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let kept = mark_left(&pool, &table, "m").await;
+    assert!(
+        kept < marked - 1_200,
+        "a fresh mark was written again: {marked} ms, then {kept} ms"
+    );
+    let lower = format!("UPDATE \"{table}\" SET wait_until = now() + interval '2 seconds'");
+    sqlx::query(&lower).execute(&pool).await.unwrap();
+    let third = wait_for(slow_waiter(open().await.unwrap()), "m", wait);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let renewed = mark_left(&pool, &table, "m").await;
+    assert!(
+        renewed > 9_000,
+        "a mark running low was not written: {renewed} ms"
+    );
+    second.abort();
+    third.abort();
+    held.release().await.unwrap();
+    let (next, _waiter) = woken_and_told(first, &mut listener, "m", 10).await;
+    next.release().await.unwrap();
+    drop_lock_table(&pool, &table).await;
+}
+
+/// The payload that names `token` as the head of `key`'s fair queue.
+fn naming(key: &str, token: &str) -> String {
+    format!("{key}\u{1}{token}")
+}
+
+/// The guard `task` got within `secs`.
+async fn got_within(
+    task: tokio::task::JoinHandle<Result<(LockGuard, LockManager), moltlock_core::Error>>,
+    secs: u64,
+) -> LockGuard {
+    match tokio::time::timeout(Duration::from_secs(secs), task).await {
+        Ok(Ok(Ok((guard, _)))) => guard,
+        Ok(Ok(Err(e))) => panic!("the waiter failed: {e}"),
+        Ok(Err(e)) => panic!("the waiter panicked: {e}"),
+        Err(_) => panic!("the waiter did not get the key within {secs} s"),
+    }
+}
+
+/// A release of a key with fair waiters names the queue's head (`key`,
+/// `\x01`, its token): the waiters are served in their order, each named
+/// by the release before its turn.
+#[tokio::test]
+async fn a_release_names_the_fair_queues_head() {
+    let (pool, table, mut listener) = notify_case("notify_fair").await;
+    let open = || PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&table));
+    let holder = LockManager::new(open().await.unwrap());
+    let mut held = holder.lock("f").await.unwrap();
+    let fair = LockOptions::new().fair().timeout(Duration::from_secs(30));
+    let mut queue = Vec::new();
+    for _ in 0..3 {
+        queue.push(wait_for(
+            slow_waiter(open().await.unwrap()),
+            "f",
+            fair.clone(),
+        ));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for task in queue {
+        held.release().await.unwrap();
+        let told = heard(&mut listener, Duration::from_millis(300)).await;
+        let next = got_within(task, 10).await;
+        assert_eq!(told, [naming("f", next.token().as_str())], "not named");
+        held = next;
+    }
+    held.release().await.unwrap();
+    drop_lock_table(&pool, &table).await;
+}
+
+/// A release that names a head which no longer waits (its place outlives
+/// it) does not stall the queue: the waiter behind it is woken a turn
+/// later and takes the key once that place has died, long before its own
+/// next look (a third of its 30 s TTL).
+#[tokio::test]
+async fn a_named_head_that_is_gone_does_not_stall_the_queue() {
+    let (pool, table, mut listener) = notify_case("notify_gone").await;
+    let open = || PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&table));
+    let holder = LockManager::new(open().await.unwrap());
+    let held = holder.lock("g").await.unwrap();
+    let ghost = format!(
+        "INSERT INTO \"{table}_queue\" (key, owner, alive_until) \
+         VALUES ('g', 'gone', now() + interval '2 seconds')"
+    );
+    sqlx::query(&ghost).execute(&pool).await.unwrap();
+    let fair = LockOptions::new().fair().timeout(Duration::from_secs(30));
+    let task = wait_for(slow_waiter(open().await.unwrap()), "g", fair);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    held.release().await.unwrap();
+    let told = heard(&mut listener, Duration::from_millis(300)).await;
+    assert_eq!(told, [naming("g", "gone")], "the release named another");
+    got_within(task, 5).await.release().await.unwrap();
+    drop_lock_table(&pool, &table).await;
+}
