@@ -90,6 +90,49 @@ fn dispatch(events: &Arc<KeyEvents>, payload: &str) {
     }
 }
 
+/// The release of `$1` by `$2` from table `t` (a hold is `live`),
+/// notifying channel `$3` when a waiter marked the row (`CASE` decides whether `pg_notify` runs; `AND`
+/// would not). The payload is the key, and when the key's fair queue
+/// (table `places`) has a live place, a `\x01` and the head's token: that
+/// waiter is woken at once, the key's other waiters a turn later (see
+/// [`dispatch`]), so a release sets one fair waiter going, not all.
+pub(super) fn release(t: &str, places: &str, live: &str) -> String {
+    format!(
+        "UPDATE {t} SET owner = '', expires_at = 'epoch', acquired_at = now(), \
+         version = version + 1 \
+         WHERE key = $1 AND owner = $2 AND owner <> '' AND {live} \
+         RETURNING (CASE WHEN wait_until > now() THEN pg_notify($3, key || COALESCE(chr(1) || \
+         (SELECT p.owner FROM {places} p WHERE p.key = $1 AND p.alive_until > now() \
+         ORDER BY p.seq LIMIT 1), '')) END) IS NULL"
+    )
+}
+
+/// The mark of a waiter whose attempt on `$1` saw holder `$2` (`NULL`: it
+/// saw none): the row is marked while that hold lasts, replying the mark's
+/// ms left; no row when the hold has ended. A mark with at least
+/// [`MARK_KEEP_SECS`] left is kept as it is, so most marks are reads, with
+/// no commit to flush: the waiters of a busy key mark once per few seconds
+/// between them, not once per wait. (Marks only ever move later, so a mark
+/// the statement's snapshot shows fresh is fresh; one it shows stale that
+/// the update then misses means the hold ended meanwhile.)
+pub(super) fn mark(t: &str, live: &str) -> String {
+    let seen = format!("key = $1 AND ($2::text IS NULL OR owner = $2) AND owner <> '' AND {live}");
+    let keep = format!("now() + interval '{MARK_KEEP_SECS} seconds'");
+    format!(
+        "WITH cur AS (SELECT wait_until FROM {t} WHERE {seen}), \
+         up AS (UPDATE {t} SET wait_until = now() + interval '{MARK_SECS} seconds' \
+         WHERE {seen} AND wait_until < {keep} RETURNING wait_until) \
+         SELECT (extract(epoch FROM w - now()) * 1000)::bigint FROM \
+         (SELECT wait_until AS w FROM up UNION ALL \
+         SELECT wait_until FROM cur WHERE wait_until >= {keep}) m LIMIT 1"
+    )
+}
+
+/// How long a waiter's mark lasts, by the database clock.
+const MARK_SECS: u64 = 10;
+/// A mark with this long left is not written again.
+const MARK_KEEP_SECS: u64 = 5;
+
 /// How long before its mark ends a waiter marks again.
 const MARK_MARGIN: Duration = Duration::from_secs(1);
 /// The shortest wait between marks, whatever a mark replied.
