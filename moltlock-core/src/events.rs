@@ -2,7 +2,7 @@
 //! (pub/sub, LISTEN/NOTIFY) over one shared connection.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -34,14 +34,24 @@ impl KeyEvents {
     }
 
     /// A watch that resolves on the next [`fire`](Self::fire) of `key` (or
-    /// [`fire_all`](Self::fire_all)).
-    pub fn subscribe(&self, key: &str) -> Box<dyn ReleaseWatch> {
+    /// [`fire_all`](Self::fire_all)). The key is forgotten when its last
+    /// watch is dropped.
+    pub fn subscribe(self: &Arc<Self>, key: &str) -> Box<dyn ReleaseWatch> {
         let rx = self.with_keys(|keys| {
             keys.entry(key.to_owned())
                 .or_insert_with(|| watch::Sender::new(0))
                 .subscribe()
         });
-        Box::new(EventWatch { rx })
+        Box::new(EventWatch {
+            rx,
+            events: Arc::downgrade(self),
+            key: key.to_owned(),
+        })
+    }
+
+    /// How many keys have a watch.
+    pub fn watched(&self) -> usize {
+        self.with_keys(|keys| keys.len())
     }
 
     /// Wakes every waiter of `key`.
@@ -99,6 +109,27 @@ impl KeyEvents {
 
 struct EventWatch {
     rx: watch::Receiver<u64>,
+    events: Weak<KeyEvents>,
+    key: String,
+}
+
+impl Drop for EventWatch {
+    /// Forgets the key when this is its last watch (checked under the
+    /// map's lock, which every new watch takes too): waiters' keys (a fair
+    /// waiter's is named by its token) do not pile up.
+    fn drop(&mut self) {
+        let Some(events) = self.events.upgrade() else {
+            return;
+        };
+        events.with_keys(|keys| {
+            if keys
+                .get(&self.key)
+                .is_some_and(|tx| tx.receiver_count() <= 1)
+            {
+                keys.remove(&self.key);
+            }
+        });
+    }
 }
 
 #[async_trait]
@@ -145,6 +176,20 @@ mod tests {
             third.is_ok(),
             "a later fire after the first had run was dropped"
         );
+    }
+
+    #[test]
+    fn a_key_is_forgotten_with_its_last_watch() {
+        let events = Arc::new(KeyEvents::new());
+        let (a, b) = (events.subscribe("k"), events.subscribe("k"));
+        let other = events.subscribe("other");
+        assert_eq!(events.watched(), 2);
+        drop(a);
+        assert_eq!(events.watched(), 2, "a key was forgotten while watched");
+        drop(b);
+        assert_eq!(events.watched(), 1, "a key nobody watches was kept");
+        drop(other);
+        assert_eq!(events.watched(), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -92,6 +92,14 @@ pub trait Queue: Send + Sync {
     async fn look(&self, key: &LockKey, owner: &Token, live: Duration) -> DbResult<u64>;
     /// Takes `owner`'s place out.
     async fn leave(&self, key: &LockKey, owner: &Token) -> DbResult<()>;
+    /// The single acquisition of `w` by the queue's head, which also takes
+    /// `w.new`'s place out when it takes the key, in one statement; `None`
+    /// where the dialect has no such statement (the caller acquires, then
+    /// leaves).
+    async fn take_head(&self, w: Write<'_>) -> DbResult<Option<CasOutcome>> {
+        let _ = w;
+        Ok(None)
+    }
     /// A release watch of `key` for the fair waiter `owner` that also
     /// hears the releases naming it as the queue's head; `None` where the
     /// dialect's releases name nobody (the backend's plain watch serves).

@@ -72,8 +72,9 @@ const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// What one look found.
 enum Looked {
-    /// The key is ours.
-    Taken(Fence),
+    /// The key is ours; `true` when the statement that took it also took
+    /// the waiter's place out.
+    Taken(Fence, bool),
     /// Wait: the head found the key held (as `Some`), or places are ahead.
     Wait(Option<Held>, u64),
 }
@@ -123,14 +124,24 @@ fn poll_pause(ahead: u64, head: &mut Duration) -> Duration {
 }
 
 impl<D: Dialect> SqlBackend<D> {
-    /// The plain acquisition of a head; a hold of its own (taken by an
-    /// earlier try whose reply was lost) is confirmed by renewing it.
+    /// The plain acquisition of a head (with its leave, where the dialect
+    /// has one statement for both); a hold of its own (taken by an earlier
+    /// try whose reply was lost) is confirmed by renewing it.
     async fn try_take(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Looked, Error> {
-        match self.cas(key, None, token, ttl).await? {
-            CasOutcome::Acquired { fence } => Ok(Looked::Taken(fence)),
+        let w = Write {
+            key,
+            new: token,
+            ttl,
+        };
+        let (taken, left) = match self.run(D::queue(&self.inner).take_head(w)).await? {
+            Some(outcome) => (outcome, true),
+            None => (self.cas(key, None, token, ttl).await?, false),
+        };
+        match taken {
+            CasOutcome::Acquired { fence } => Ok(Looked::Taken(fence, left)),
             CasOutcome::Held(h) if h.holder.as_ref() == Some(token) => {
                 match self.cas(key, Some(token), token, ttl).await? {
-                    CasOutcome::Acquired { fence } => Ok(Looked::Taken(fence)),
+                    CasOutcome::Acquired { fence } => Ok(Looked::Taken(fence, false)),
                     CasOutcome::Held(h) => Ok(Looked::Wait(Some(h), 0)),
                 }
             }
@@ -174,9 +185,11 @@ impl<D: Dialect> SqlBackend<D> {
     }
 
     /// A look, or for a waiter that a recent look found at the head (at
-    /// `head_since`), only the head's attempt: newcomers are numbered after
-    /// the head, and its place, which the look left with at least half its
-    /// time, is still alive, so a look would find it at the head again
+    /// `head_since`, within a quarter of its place's time), only the head's
+    /// attempt: newcomers are numbered after the head, and its place, which
+    /// the look left with at least three quarters of its time, is still
+    /// alive (and is written again by the next look, at most a third of
+    /// its time later), so a look would find it at the head again
     /// (short of a waiter that stopped looking coming back to its dead
     /// place before anyone removed it; the key then goes to one of the
     /// two, as it would after a look).
@@ -188,7 +201,7 @@ impl<D: Dialect> SqlBackend<D> {
         head_since: &mut Option<Instant>,
     ) -> Result<Looked, Error> {
         let now = Instant::now();
-        if head_since.is_some_and(|t| now < t + ttl.max(LEAST_LIVE) / 3) {
+        if head_since.is_some_and(|t| now < t + ttl.max(LEAST_LIVE) / 4) {
             return self.try_take(key, token, ttl).await;
         }
         let looked = self.look(key, token, ttl).await;
@@ -270,8 +283,11 @@ impl<D: Dialect> SqlBackend<D> {
         loop {
             let looked = Instant::now();
             match self.next_look(key, token, ttl, &mut head_since).await {
-                Ok(Looked::Taken(fence)) => {
-                    place.leave().await;
+                Ok(Looked::Taken(fence, left)) => {
+                    match left {
+                        true => place.left = true,
+                        false => place.leave().await,
+                    }
                     return Ok(fence);
                 }
                 Ok(Looked::Wait(held, ahead)) => {

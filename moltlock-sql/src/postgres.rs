@@ -432,7 +432,7 @@ impl Statements {
         let values = format!("VALUES ($1, $2, nextval('{seq}'), now() + {ms}, now(), 1, $3)");
         let (take_all, take_any) = take::batch(t, seq, observed);
         Self {
-            acquire: take::single(t, &values, observed),
+            acquire: take::single(t, &values, observed, ""),
             take_all,
             take_any,
             renew: format!(

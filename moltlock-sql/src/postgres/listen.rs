@@ -112,9 +112,11 @@ pub(super) fn release(t: &str, places: &str, live: &str) -> String {
 /// ms left; no row when the hold has ended. A mark with at least
 /// [`MARK_KEEP_SECS`] left is kept as it is, so most marks are reads, with
 /// no commit to flush: the waiters of a busy key mark once per few seconds
-/// between them, not once per wait. (Marks only ever move later, so a mark
-/// the statement's snapshot shows fresh is fresh; one it shows stale that
-/// the update then misses means the hold ended meanwhile.)
+/// between them, not once per wait. Marks only ever move later, so a mark
+/// the statement's snapshot shows fresh is fresh. One it shows stale that
+/// the update then misses (the row changed under it: another waiter
+/// marked it, or the hold ended) replies `NULL`: the mark is asked again,
+/// with a snapshot that shows which.
 pub(super) fn mark(t: &str, live: &str) -> String {
     let seen = format!("key = $1 AND ($2::text IS NULL OR owner = $2) AND owner <> '' AND {live}");
     let keep = format!("now() + interval '{MARK_KEEP_SECS} seconds'");
@@ -122,11 +124,14 @@ pub(super) fn mark(t: &str, live: &str) -> String {
         "WITH cur AS (SELECT wait_until FROM {t} WHERE {seen}), \
          up AS (UPDATE {t} SET wait_until = now() + interval '{MARK_SECS} seconds' \
          WHERE {seen} AND wait_until < {keep} RETURNING wait_until) \
-         SELECT (extract(epoch FROM w - now()) * 1000)::bigint FROM \
-         (SELECT wait_until AS w FROM up UNION ALL \
-         SELECT wait_until FROM cur WHERE wait_until >= {keep}) m LIMIT 1"
+         SELECT (extract(epoch FROM COALESCE((SELECT wait_until FROM up), \
+         CASE WHEN cur.wait_until >= {keep} THEN cur.wait_until END) - now()) * 1000)::bigint \
+         FROM cur"
     )
 }
+
+/// How often a mark is asked again when the row changed under it.
+const MARK_TRIES: usize = 3;
 
 /// How long a waiter's mark lasts, by the database clock.
 const MARK_SECS: u64 = 10;
@@ -167,20 +172,28 @@ impl Marking {
 
     /// Marks the row while the hold `held` names lasts; `false` when it has
     /// ended.
+    /// (After [`MARK_TRIES`] rows changed under it, `false`: the waiter
+    /// looks again.)
     async fn mark(&mut self, held: &Held) -> Result<bool, Error> {
-        let sent = Instant::now();
-        let left: Option<i64> = sqlx::query_scalar(&self.mark)
-            .bind(&self.key)
-            .bind(held.holder.as_ref().map(|t| t.as_str()))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| crate::error::map(<super::Pg as crate::dialect::Ops>::NAME, e))?;
-        let Some(left) = left else {
-            return Ok(false);
-        };
-        let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
-        self.marked_until = Some(sent + left);
-        Ok(true)
+        for _ in 0..MARK_TRIES {
+            let sent = Instant::now();
+            let left: Option<Option<i64>> = sqlx::query_scalar(&self.mark)
+                .bind(&self.key)
+                .bind(held.holder.as_ref().map(|t| t.as_str()))
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| crate::error::map(<super::Pg as crate::dialect::Ops>::NAME, e))?;
+            match left {
+                None => return Ok(false),
+                Some(None) => continue,
+                Some(Some(left)) => {
+                    let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
+                    self.marked_until = Some(sent + left);
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
     }
 }
 
@@ -239,5 +252,52 @@ async fn listen(mut listener: PgListener, pool: PgPool, channel: String, events:
                 events.fire_all();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use moltlock_core::{LockManager, Token};
+
+    use crate::{PostgresBackend, SqlConfig};
+
+    /// The mark statement of table `t`: `Some(None)` when the row changed
+    /// under it, `Some(Some(ms left))` when marked, `None` when not held.
+    async fn run_mark(pool: &sqlx::PgPool, t: &str) -> Option<Option<i64>> {
+        let sql = super::mark(&format!("\"{t}\""), "expires_at > now()");
+        let asked = sqlx::query_scalar(&sql)
+            .bind("k")
+            .bind(None::<&str>)
+            .fetch_optional(pool);
+        asked.await.unwrap_or_else(|e| panic!("the mark: {e}"))
+    }
+
+    /// A stale mark that another waiter's mark renews while this one waits
+    /// for the row replies `NULL` (asked again), not "the hold ended"; asked
+    /// again, it reads the fresh mark.
+    #[tokio::test]
+    async fn a_mark_raced_by_another_is_asked_again() {
+        let url = moltlock_fixtures::postgres::shared_url().unwrap_or_else(|e| panic!("{e}"));
+        let pool = sqlx::PgPool::connect(&url).await.unwrap();
+        let t = format!("mark_race_{}", &Token::random().as_str()[..8]);
+        let backend = PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&t));
+        let held = LockManager::new(backend.await.unwrap()).lock("k").await.unwrap();
+        let stale = format!("UPDATE \"{t}\" SET wait_until = now() + interval '1 second'");
+        sqlx::query(&stale).execute(&pool).await.unwrap();
+        let mut other = pool.begin().await.unwrap();
+        let fresh = format!("UPDATE \"{t}\" SET wait_until = now() + interval '10 seconds'");
+        sqlx::query(&fresh).execute(&mut *other).await.unwrap();
+        let raced = tokio::spawn({
+            let (pool, t) = (pool.clone(), t.clone());
+            async move { run_mark(&pool, &t).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        other.commit().await.unwrap();
+        assert_eq!(raced.await.unwrap(), Some(None), "a raced mark looked ended");
+        let again = run_mark(&pool, &t).await;
+        assert!(matches!(again, Some(Some(ms)) if ms > 8_000), "asked again: {again:?}");
+        held.release().await.unwrap();
+        let drop = format!("DROP TABLE \"{t}\", \"{t}_queue\"; DROP SEQUENCE \"{t}_fence\"");
+        sqlx::raw_sql(&drop).execute(&pool).await.unwrap();
     }
 }

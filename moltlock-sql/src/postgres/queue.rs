@@ -1,7 +1,8 @@
 //! The fair queue's places (see the crate's `fair` module) in the table
 //! `<table>_queue` beside the locks, numbered by a `bigserial`. One
 //! statement per look (a read while the waiter's place has more than
-//! half its time left), and one for a fair acquisition of a free key with
+//! three quarters of its time left), one for the head's acquisition (which takes its
+//! place out when it takes the key), and one for a fair acquisition of a free key with
 //! no places (the plain acquisition, writing only when no live place is
 //! found).
 //!
@@ -33,6 +34,10 @@ pub(super) struct QueueSql {
     /// The single acquisition, writing only when the key has no live
     /// place (store-clock mode).
     take: String,
+    /// The single acquisition by the queue's head, which takes the head's
+    /// place out in the same statement when it takes the key (store-clock
+    /// mode).
+    take_head: String,
     look: String,
     leave: String,
 }
@@ -50,6 +55,9 @@ impl QueueSql {
         let logged = if cfg.unlogged { "UNLOGGED " } else { "" };
         let live = "p.key = $1 AND p.alive_until > now()";
         let ms = "$3::bigint * interval '1 millisecond'";
+        let hold = format!(
+            "SELECT $1::text, $2::text, nextval('{seq}'), now() + {ms}, now(), 1, $3::bigint"
+        );
         Ok(Self {
             ddl: format!(
                 "CREATE {logged}TABLE IF NOT EXISTS {q} (seq bigserial PRIMARY KEY, \
@@ -59,23 +67,31 @@ impl QueueSql {
             occupied: format!("SELECT EXISTS (SELECT 1 FROM {q} p WHERE {live})"),
             take: take::single(
                 &t,
-                &format!(
-                    "SELECT $1::text, $2::text, nextval('{seq}'), \
-                     now() + $3::bigint * interval '1 millisecond', now(), 1, $3::bigint \
-                     WHERE NOT EXISTS (SELECT 1 FROM {q} p WHERE {live})"
-                ),
+                &format!("{hold} WHERE NOT EXISTS (SELECT 1 FROM {q} p WHERE {live})"),
                 false,
+                "",
+            ),
+            take_head: take::single(
+                &t,
+                &hold,
+                false,
+                &format!(
+                    ", gone AS (DELETE FROM {q} WHERE key = $1 AND owner = $2 \
+                     AND EXISTS (SELECT 1 FROM ins))"
+                ),
             ),
             // The snapshot does not show a row `put` writes, and the other
             // places it shows are judged alive by the clock, so `gone` needs
             // no ordering against the final read. A place with more than
-            // half its time left is not written: the look is then a read,
-            // with no commit to flush (a look comes at least every third
-            // of the TTL, and a place lives at least the TTL).
+            // three quarters of its time left is not written: the look is
+            // then a read, with no commit to flush. A waiter looks again
+            // within a third of its time (a head that skips looks, within a
+            // quarter plus a third), so its place is written again before
+            // it dies.
             look: format!(
                 "WITH gone AS (DELETE FROM {q} WHERE key = $1 AND owner <> $2 AND alive_until <= now()), \
                  kept AS (SELECT seq FROM {q} WHERE key = $1 AND owner = $2 \
-                 AND alive_until > now() + {ms} / 2), \
+                 AND alive_until > now() + {ms} * 3 / 4), \
                  put AS (INSERT INTO {q} AS p (key, owner, alive_until) \
                  SELECT $1, $2, now() + {ms} WHERE NOT EXISTS (SELECT 1 FROM kept) \
                  ON CONFLICT (key, owner) DO UPDATE SET alive_until = EXCLUDED.alive_until \
@@ -123,6 +139,15 @@ impl Queue for Shared<Pg> {
         owner: &Token,
     ) -> Option<Result<Box<dyn ReleaseWatch>, Error>> {
         Some(self.marking(key, Some(owner)).await)
+    }
+
+    async fn take_head(&self, w: Write<'_>) -> DbResult<Option<CasOutcome>> {
+        if self.observed.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(
+            take::run(self, w, &self.dialect.queue.take_head).await?,
+        ))
     }
 
     async fn leave(&self, key: &LockKey, owner: &Token) -> DbResult<()> {

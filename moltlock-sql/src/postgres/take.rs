@@ -57,8 +57,9 @@ pub(super) const LEFT: &str = "(extract(epoch FROM expires_at - now()) * 1000)::
 /// The single acquisition of `$1` for `$2` for `$3` ms, the hold written
 /// from the row `source` yields (none: no write). Replies the fence taken,
 /// or the holder seen (see `Statements::build`); no row when it wrote
-/// nothing and saw no holder.
-pub(super) fn single(t: &str, source: &str, observed: bool) -> String {
+/// nothing and saw no holder. `also` adds common table expressions after
+/// the write `ins` (each starting with a comma), which may read it.
+pub(super) fn single(t: &str, source: &str, observed: bool, also: &str) -> String {
     let (take_if, held, granted_clock) = match observed {
         false => (
             "l.expires_at <= now()",
@@ -72,7 +73,7 @@ pub(super) fn single(t: &str, source: &str, observed: bool) -> String {
         ),
     };
     format!(
-        "WITH ins AS ({} RETURNING fence) \
+        "WITH ins AS ({} RETURNING fence){also} \
          SELECT fence, NULL::text AS owner, NULL::bigint AS a, {granted_clock} AS b FROM ins \
          UNION ALL SELECT NULL, owner, {held} FROM {t} \
          WHERE key = $1 AND owner <> '' AND NOT EXISTS (SELECT 1 FROM ins)",
