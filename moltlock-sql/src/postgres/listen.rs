@@ -281,7 +281,10 @@ mod tests {
         let pool = sqlx::PgPool::connect(&url).await.unwrap();
         let t = format!("mark_race_{}", &Token::random().as_str()[..8]);
         let backend = PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&t));
-        let held = LockManager::new(backend.await.unwrap()).lock("k").await.unwrap();
+        let held = LockManager::new(backend.await.unwrap())
+            .lock("k")
+            .await
+            .unwrap();
         let stale = format!("UPDATE \"{t}\" SET wait_until = now() + interval '1 second'");
         sqlx::query(&stale).execute(&pool).await.unwrap();
         let mut other = pool.begin().await.unwrap();
@@ -293,9 +296,16 @@ mod tests {
         });
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         other.commit().await.unwrap();
-        assert_eq!(raced.await.unwrap(), Some(None), "a raced mark looked ended");
+        assert_eq!(
+            raced.await.unwrap(),
+            Some(None),
+            "a raced mark looked ended"
+        );
         let again = run_mark(&pool, &t).await;
-        assert!(matches!(again, Some(Some(ms)) if ms > 8_000), "asked again: {again:?}");
+        assert!(
+            matches!(again, Some(Some(ms)) if ms > 8_000),
+            "asked again: {again:?}"
+        );
         held.release().await.unwrap();
         let drop = format!("DROP TABLE \"{t}\", \"{t}_queue\"; DROP SEQUENCE \"{t}_fence\"");
         sqlx::raw_sql(&drop).execute(&pool).await.unwrap();
