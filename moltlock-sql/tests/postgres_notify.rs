@@ -10,19 +10,46 @@ use moltlock_sql::{PostgresBackend, SqlConfig};
 mod pg_common;
 use pg_common::{drop_lock_table, shared, uuid_suffix};
 
-/// A pool, a fresh table name and a listener on its release channel.
-async fn notify_case(name: &str) -> (sqlx::PgPool, String, sqlx::postgres::PgListener) {
-    let url = shared();
-    let table = format!("{name}_{}", uuid_suffix());
-    let opened = async {
-        let pool = sqlx::PgPool::connect(&url).await?;
-        let mut listener = sqlx::postgres::PgListener::connect(&url).await?;
-        listener.listen(&format!("moltlock_{table}")).await?;
-        Ok::<_, sqlx::Error>((pool, listener))
-    };
-    match opened.await {
-        Ok((pool, listener)) => (pool, table, listener),
-        Err(e) => panic!("connecting to {url}: {e}"),
+/// A test's own lock table on the shared server, a pool, and a listener on
+/// the table's release channel.
+struct Case {
+    pool: sqlx::PgPool,
+    table: String,
+    listener: sqlx::postgres::PgListener,
+}
+
+impl Case {
+    async fn new(name: &str) -> Self {
+        let url = shared();
+        let table = format!("{name}_{}", uuid_suffix());
+        let opened = async {
+            let pool = sqlx::PgPool::connect(&url).await?;
+            let mut listener = sqlx::postgres::PgListener::connect(&url).await?;
+            listener.listen(&format!("moltlock_{table}")).await?;
+            Ok::<_, sqlx::Error>((pool, listener))
+        };
+        match opened.await {
+            Ok((pool, listener)) => Self {
+                pool,
+                table,
+                listener,
+            },
+            Err(e) => panic!("connecting to {url}: {e}"),
+        }
+    }
+
+    /// A backend of its own on the table.
+    async fn backend(&self) -> PostgresBackend {
+        let cfg = SqlConfig::default().table(&self.table);
+        match PostgresBackend::from_client(self.pool.clone(), cfg).await {
+            Ok(b) => b,
+            Err(e) => panic!("a backend: {e}"),
+        }
+    }
+
+    /// Drops the table.
+    async fn done(self) {
+        drop_lock_table(&self.pool, &self.table).await;
     }
 }
 
@@ -70,21 +97,20 @@ async fn woken_and_told<T>(
 /// marked: the release of a hold renewed all along still notifies.
 #[tokio::test]
 async fn a_long_wait_keeps_its_mark() {
-    let (pool, table, mut listener) = notify_case("notify_long").await;
-    let open = || PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&table));
-    let holder = LockManager::builder(open().await.unwrap())
+    let mut c = Case::new("notify_long").await;
+    let holder = LockManager::builder(c.backend().await)
         .ttl(Duration::from_secs(30))
         .build()
         .unwrap();
-    let waiter = slow_waiter(open().await.unwrap());
+    let waiter = slow_waiter(c.backend().await);
     let held = holder.lock("long").await.unwrap();
     let task = tokio::spawn(async move { waiter.lock("long").await.map(|g| (g, waiter)) });
     tokio::time::sleep(Duration::from_secs(12)).await; // past the first mark
     assert!(!task.is_finished(), "the waiter took a held key");
     held.release().await.unwrap();
-    let (next, _waiter) = woken_and_told(task, &mut listener, "long", 5).await;
+    let (next, _waiter) = woken_and_told(task, &mut c.listener, "long", 5).await;
     next.release().await.unwrap();
-    drop_lock_table(&pool, &table).await;
+    c.done().await;
 }
 
 /// A release notifies only when a waiter marked its key: a release nobody
@@ -92,17 +118,16 @@ async fn a_long_wait_keeps_its_mark() {
 /// whose retry policy would not look for a minute is woken by the release.
 #[tokio::test]
 async fn a_release_notifies_only_when_a_waiter_marked_the_key() {
-    let (pool, table, mut listener) = notify_case("notify").await;
-    let open = || PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&table));
-    let holder = LockManager::new(open().await.unwrap());
-    let waiter = slow_waiter(open().await.unwrap());
+    let mut c = Case::new("notify").await;
+    let holder = LockManager::new(c.backend().await);
+    let waiter = slow_waiter(c.backend().await);
 
     let alone = holder.lock("alone").await.unwrap();
     alone.release().await.unwrap();
     let tried = holder.lock("tried").await.unwrap();
     assert!(waiter.try_lock("tried").await.unwrap().is_none());
     tried.release().await.unwrap();
-    let quiet = heard(&mut listener, Duration::from_millis(500)).await;
+    let quiet = heard(&mut c.listener, Duration::from_millis(500)).await;
     assert!(
         quiet.is_empty(),
         "releases nobody waited for notified: {quiet:?}"
@@ -112,10 +137,10 @@ async fn a_release_notifies_only_when_a_waiter_marked_the_key() {
     let task = tokio::spawn(async move { waiter.lock("waited").await.map(|g| (g, waiter)) });
     tokio::time::sleep(Duration::from_millis(500)).await; // the waiter waits
     held.release().await.unwrap();
-    let (next, _waiter) = woken_and_told(task, &mut listener, "waited", 10).await;
+    let (next, _waiter) = woken_and_told(task, &mut c.listener, "waited", 10).await;
     next.release().await.unwrap();
 
-    drop_lock_table(&pool, &table).await;
+    c.done().await;
 }
 
 /// The row's mark (`wait_until`) as ms from now.
@@ -149,28 +174,30 @@ fn wait_for(
 /// 10 s); and the release still wakes the first waiter.
 #[tokio::test]
 async fn a_fresh_mark_is_read_not_written() {
-    let (pool, table, mut listener) = notify_case("notify_mark").await;
-    let open = || PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&table));
-    let holder = LockManager::new(open().await.unwrap());
+    let mut c = Case::new("notify_mark").await;
+    let holder = LockManager::new(c.backend().await);
     let held = holder.lock("m").await.unwrap();
     let wait = LockOptions::new().timeout(Duration::from_secs(30));
-    let first = wait_for(slow_waiter(open().await.unwrap()), "m", wait.clone());
+    let first = wait_for(slow_waiter(c.backend().await), "m", wait.clone());
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let marked = mark_left(&pool, &table, "m").await;
+    let marked = mark_left(&c.pool, &c.table, "m").await;
     assert!(marked > 9_000, "the first waiter's mark: {marked} ms");
     tokio::time::sleep(Duration::from_millis(1_000)).await;
-    let second = wait_for(slow_waiter(open().await.unwrap()), "m", wait.clone());
+    let second = wait_for(slow_waiter(c.backend().await), "m", wait.clone());
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let kept = mark_left(&pool, &table, "m").await;
+    let kept = mark_left(&c.pool, &c.table, "m").await;
     assert!(
         kept < marked - 1_200,
         "a fresh mark was written again: {marked} ms, then {kept} ms"
     );
-    let lower = format!("UPDATE \"{table}\" SET wait_until = now() + interval '2 seconds'");
-    sqlx::query(&lower).execute(&pool).await.unwrap();
-    let third = wait_for(slow_waiter(open().await.unwrap()), "m", wait);
+    let lower = format!(
+        "UPDATE \"{}\" SET wait_until = now() + interval '2 seconds'",
+        c.table
+    );
+    sqlx::query(&lower).execute(&c.pool).await.unwrap();
+    let third = wait_for(slow_waiter(c.backend().await), "m", wait);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let renewed = mark_left(&pool, &table, "m").await;
+    let renewed = mark_left(&c.pool, &c.table, "m").await;
     assert!(
         renewed > 9_000,
         "a mark running low was not written: {renewed} ms"
@@ -178,9 +205,9 @@ async fn a_fresh_mark_is_read_not_written() {
     second.abort();
     third.abort();
     held.release().await.unwrap();
-    let (next, _waiter) = woken_and_told(first, &mut listener, "m", 10).await;
+    let (next, _waiter) = woken_and_told(first, &mut c.listener, "m", 10).await;
     next.release().await.unwrap();
-    drop_lock_table(&pool, &table).await;
+    c.done().await;
 }
 
 /// The payload that names `token` as the head of `key`'s fair queue.
@@ -206,29 +233,24 @@ async fn got_within(
 /// by the release before its turn.
 #[tokio::test]
 async fn a_release_names_the_fair_queues_head() {
-    let (pool, table, mut listener) = notify_case("notify_fair").await;
-    let open = || PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&table));
-    let holder = LockManager::new(open().await.unwrap());
+    let mut c = Case::new("notify_fair").await;
+    let holder = LockManager::new(c.backend().await);
     let mut held = holder.lock("f").await.unwrap();
     let fair = LockOptions::new().fair().timeout(Duration::from_secs(30));
     let mut queue = Vec::new();
     for _ in 0..3 {
-        queue.push(wait_for(
-            slow_waiter(open().await.unwrap()),
-            "f",
-            fair.clone(),
-        ));
+        queue.push(wait_for(slow_waiter(c.backend().await), "f", fair.clone()));
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     for task in queue {
         held.release().await.unwrap();
-        let told = heard(&mut listener, Duration::from_millis(300)).await;
+        let told = heard(&mut c.listener, Duration::from_millis(300)).await;
         let next = got_within(task, 10).await;
         assert_eq!(told, [naming("f", next.token().as_str())], "not named");
         held = next;
     }
     held.release().await.unwrap();
-    drop_lock_table(&pool, &table).await;
+    c.done().await;
 }
 
 /// A release that names a head which no longer waits (its place outlives
@@ -237,21 +259,21 @@ async fn a_release_names_the_fair_queues_head() {
 /// next look (a third of its 30 s TTL).
 #[tokio::test]
 async fn a_named_head_that_is_gone_does_not_stall_the_queue() {
-    let (pool, table, mut listener) = notify_case("notify_gone").await;
-    let open = || PostgresBackend::from_client(pool.clone(), SqlConfig::default().table(&table));
-    let holder = LockManager::new(open().await.unwrap());
+    let mut c = Case::new("notify_gone").await;
+    let holder = LockManager::new(c.backend().await);
     let held = holder.lock("g").await.unwrap();
     let ghost = format!(
-        "INSERT INTO \"{table}_queue\" (key, owner, alive_until) \
-         VALUES ('g', 'gone', now() + interval '2 seconds')"
+        "INSERT INTO \"{}_queue\" (key, owner, alive_until) \
+         VALUES ('g', 'gone', now() + interval '2 seconds')",
+        c.table
     );
-    sqlx::query(&ghost).execute(&pool).await.unwrap();
+    sqlx::query(&ghost).execute(&c.pool).await.unwrap();
     let fair = LockOptions::new().fair().timeout(Duration::from_secs(30));
-    let task = wait_for(slow_waiter(open().await.unwrap()), "g", fair);
+    let task = wait_for(slow_waiter(c.backend().await), "g", fair);
     tokio::time::sleep(Duration::from_millis(500)).await;
     held.release().await.unwrap();
-    let told = heard(&mut listener, Duration::from_millis(300)).await;
+    let told = heard(&mut c.listener, Duration::from_millis(300)).await;
     assert_eq!(told, [naming("g", "gone")], "the release named another");
     got_within(task, 5).await.release().await.unwrap();
-    drop_lock_table(&pool, &table).await;
+    c.done().await;
 }
