@@ -1,6 +1,6 @@
 //! Postgres wake-ups: a release notifies only when a waiter marked its
-//! key, marks are written only when they run low, and a release of a key
-//! with a fair queue names its head.
+//! key, marks and fair places are written only when they run low, and a
+//! release of a key with a fair queue names its head.
 
 use std::time::Duration;
 
@@ -275,5 +275,73 @@ async fn a_named_head_that_is_gone_does_not_stall_the_queue() {
     let told = heard(&mut c.listener, Duration::from_millis(300)).await;
     assert_eq!(told, [naming("g", "gone")], "the release named another");
     got_within(task, 5).await.release().await.unwrap();
+    c.done().await;
+}
+
+/// The ms the fair place of the waiter behind the head has left (`None`
+/// while it has none).
+async fn place_left(c: &Case, key: &str) -> Option<i64> {
+    let sql = format!(
+        "SELECT (extract(epoch FROM alive_until - now()) * 1000)::bigint FROM \"{}_queue\" \
+         WHERE key = $1 ORDER BY seq OFFSET 1 LIMIT 1",
+        c.table
+    );
+    match sqlx::query_scalar(&sql)
+        .bind(key)
+        .fetch_optional(&c.pool)
+        .await
+    {
+        Ok(left) => left,
+        Err(e) => panic!("reading the place: {e}"),
+    }
+}
+
+/// A fair waiter's look writes its place only once a quarter of the
+/// place's time has passed (a look is a read before), and the place is
+/// written again before it dies: the waiter behind the head (looking
+/// every 250 ms, with a 2 s TTL) keeps its place through a 3 s wait.
+#[tokio::test]
+async fn a_place_is_written_only_when_a_quarter_of_its_time_passed() {
+    let c = Case::new("notify_place").await;
+    let holder = LockManager::new(c.backend().await);
+    let held = holder.lock("p").await.unwrap();
+    let fair = LockOptions::new().fair().timeout(Duration::from_secs(30));
+    let short = |b| {
+        LockManager::builder(b)
+            .ttl(Duration::from_secs(2))
+            .build()
+            .unwrap_or_else(|e| panic!("a manager: {e}"))
+    };
+    let head = wait_for(short(c.backend().await), "p", fair.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let behind = wait_for(short(c.backend().await), "p", fair);
+    let mut first = None;
+    for _ in 0..100 {
+        first = place_left(&c, "p").await;
+        if first.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let Some(first) = first else {
+        panic!("the second waiter took no place")
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let read = place_left(&c, "p").await.unwrap_or(0);
+    assert!(
+        read < first - 250,
+        "a look within a quarter of the place's time wrote it: {first} ms, then {read} ms"
+    );
+    let mut lowest = read;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let left = place_left(&c, "p").await.unwrap_or(0);
+        assert!(left > 0, "the waiter's place died while it waited");
+        lowest = lowest.min(left);
+    }
+    assert!(lowest > 500, "the place came within {lowest} ms of dying");
+    held.release().await.unwrap();
+    got_within(head, 10).await.release().await.unwrap();
+    got_within(behind, 10).await.release().await.unwrap();
     c.done().await;
 }
