@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::duration;
 use crate::exit::{Failure, EXIT_BUSY, EXIT_OK};
 use crate::run::{self, RunArgs};
-use crate::supervise::Signals;
+use crate::supervise::{signal_status, Signals};
 
 /// How long `elect --keep` waits before another one-attempt campaign.
 const RETRY_BUSY: Duration = Duration::from_secs(1);
@@ -47,18 +47,20 @@ pub async fn elect(url: &str, args: ElectArgs) -> Result<u8, Failure> {
     // The fair queue only for a campaign that waits: one that must not
     // wait takes the key or leaves.
     run_args.fair_if_any = !run_args.one_attempt();
-    // Every signal to moltlock reaches this handle too, also one that comes
-    // between two runs: seen after a run, it ends the loop.
+    // One handler for every run: a signal that comes between two runs
+    // ends the next one at once (128 + the signal), and the loop with it.
     let mut signals = Signals::new()?;
     loop {
-        let code = run::run(url, run_args.clone()).await?;
-        let signalled = tokio::time::timeout(Duration::ZERO, signals.recv()).await;
-        if !args.keep || signalled.is_ok() {
+        let code = run::run_with(url, run_args.clone(), &mut signals).await?;
+        if !args.keep || signals.seen().is_some() {
             return Ok(code);
         }
         if code == EXIT_BUSY {
             // Nobody waits in a one-attempt campaign: try again later.
-            tokio::time::sleep(RETRY_BUSY).await;
+            tokio::select! {
+                _ = tokio::time::sleep(RETRY_BUSY) => {}
+                sig = signals.recv() => return Ok(signal_status(sig)),
+            }
         }
     }
 }

@@ -133,6 +133,13 @@ fn grace(args: &RunArgs) -> Result<Duration, Failure> {
 
 /// Runs the command under the lock; returns the exit status to report.
 pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
+    run_with(url, args, &mut Signals::new()?).await
+}
+
+/// [`run`], handling the signals of `signals`: a caller that runs several
+/// times (`elect --keep`) keeps one handler, so a signal that comes between
+/// two runs ends the next one at once instead of being missed by it.
+pub async fn run_with(url: &str, args: RunArgs, signals: &mut Signals) -> Result<u8, Failure> {
     let grace = grace(&args)?;
     if let Some(most) = args.at_most.filter(|most| *most <= grace) {
         return Err(Failure::usage(format!(
@@ -144,7 +151,6 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
     }
     let mode = Mode::new(&args.lock, args.fair)?;
     let label = mode.label();
-    let mut signals = Signals::new()?;
     // Signals are handled from here on, so every wait must also watch them.
     let backend = tokio::select! {
         b = moltlock::connect(url) => b?,
@@ -199,7 +205,7 @@ pub async fn run(url: &str, args: RunArgs) -> Result<u8, Failure> {
         grace,
         at_most: args.at_most.is_some(),
     };
-    let code = run.supervise(&mut signals).await;
+    let code = run.supervise(signals).await;
     release(hold, &label).await;
     Ok(code)
 }

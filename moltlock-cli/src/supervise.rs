@@ -24,6 +24,8 @@ pub struct Signals {
     int: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
     quit: tokio::signal::unix::Signal,
+    /// The last signal received, if any.
+    seen: Option<i32>,
 }
 
 impl Signals {
@@ -39,17 +41,25 @@ impl Signals {
             int: on(SignalKind::interrupt())?,
             hup: on(SignalKind::hangup())?,
             quit: on(SignalKind::quit())?,
+            seen: None,
         })
     }
 
     /// The next signal received, as its number.
     pub async fn recv(&mut self) -> i32 {
-        tokio::select! {
+        let sig = tokio::select! {
             _ = self.term.recv() => Signal::TERM.as_raw(),
             _ = self.int.recv() => Signal::INT.as_raw(),
             _ = self.hup.recv() => Signal::HUP.as_raw(),
             _ = self.quit.recv() => Signal::QUIT.as_raw(),
-        }
+        };
+        self.seen = Some(sig);
+        sig
+    }
+
+    /// The last signal [`recv`](Self::recv) returned, if any.
+    pub fn seen(&self) -> Option<i32> {
+        self.seen
     }
 }
 

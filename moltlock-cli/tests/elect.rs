@@ -164,6 +164,26 @@ fn keep_campaigns_again_after_the_command_ends() {
     assert!(runs.len() >= 3, "ran {} times", runs.len());
 }
 
+/// A signal to `elect --keep` ends it with 128 + the signal, also when the
+/// command ends at once, so that much of the time is spent between runs
+/// (where one handler now serves every run, so no signal falls between
+/// two of them).
+#[test]
+fn keep_ends_on_a_signal_between_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let log = dir.path().join("log");
+    for round in 0..3 {
+        let k = key();
+        let mut a = candidate(&url, &k, "a", &logged(&log, "a", "0"), &["--keep"]);
+        std::thread::sleep(Duration::from_millis(400 + 150 * round));
+        let pid = rustix::process::Pid::from_raw(i32::try_from(a.id()).unwrap()).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let status = a.wait().unwrap();
+        assert_eq!(status.code(), Some(143), "round {round}: {status:?}");
+    }
+}
+
 /// A leader whose leadership is taken away (deleted behind it) stops its
 /// command and exits 125.
 #[test]
