@@ -18,6 +18,8 @@ pub struct Settings {
     pub duration_ms: u64,
     /// Tasks of the parallel loop.
     pub parallel_tasks: usize,
+    /// Rounds in which the floor and MoltLock took turns.
+    pub rounds: u32,
     /// Tasks competing for one key.
     pub contenders: usize,
     /// How long each contender holds the key, in microseconds.
@@ -155,10 +157,12 @@ impl Report {
         let st = &self.settings;
         let _ = writeln!(
             s,
-            "## MoltLock benchmark\n\n{} cores; {} ms per measurement; {} parallel tasks; \
+            "## MoltLock benchmark\n\n{} cores; {} ms per measurement (throughput: the floor \
+             and MoltLock in {} alternating rounds); {} parallel tasks; \
              {} contenders holding {} µs; renewal: {} locks, TTL {} ms; sections: {}.\n",
             st.cores,
             st.duration_ms,
+            st.rounds,
             st.parallel_tasks,
             st.contenders,
             st.hold_us,

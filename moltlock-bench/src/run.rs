@@ -15,7 +15,9 @@ use crate::peers::{EtcdLockRpc, Rslock};
 use crate::report::{BackendReport, PeerReport, Report, Settings};
 use crate::stats::ratio;
 use crate::target::{etcd_prefix, Target};
-use crate::workload::{closed_loop, contended, Bounds, Contention, Cycler, Locker, LockerCycler};
+use crate::workload::{
+    closed_loop, contended, paired, Bounds, Contention, Cycler, KeyFn, Locker, LockerCycler,
+};
 
 /// Measures every backend against the raw store round trip and against the
 /// locks users would pick instead.
@@ -35,6 +37,11 @@ pub struct Args {
     /// Tasks of the parallel loop.
     #[arg(long, default_value_t = 32)]
     pub tasks: usize,
+    /// Rounds of the throughput section: the floor and MoltLock take turns
+    /// (A B B A …), each round a share of `--duration`, so a machine whose
+    /// speed drifts during the run weighs on both alike.
+    #[arg(long, default_value_t = 4)]
+    pub rounds: u32,
     /// Tasks competing for one key.
     #[arg(long, default_value_t = 8)]
     pub contenders: usize,
@@ -176,7 +183,7 @@ fn contention(a: &Args) -> Contention {
     }
 }
 
-fn keys(t: &Target, section: &'static str) -> Arc<dyn Fn(usize, u64) -> String + Send + Sync> {
+fn keys(t: &Target, section: &'static str) -> KeyFn {
     let t = t.clone();
     Arc::new(move |task, slot| t.key(section, format!("{task}-{slot}")))
 }
@@ -188,6 +195,7 @@ pub async fn run(a: &Args) -> Report {
         settings: Settings {
             duration_ms: a.duration.as_millis() as u64,
             parallel_tasks: a.tasks,
+            rounds: a.rounds,
             contenders: a.contenders,
             hold_us: a.hold.as_micros() as u64,
             renewal_locks: a.locks,
@@ -298,11 +306,14 @@ async fn throughput(
     let floor_c: Arc<dyn Cycler> = Arc::new(floor.clone());
     let molt: Arc<dyn Locker> = Arc::new(MoltLocker::new(backend, false)?);
     let molt_c: Arc<dyn Cycler> = Arc::new(LockerCycler(molt));
-    r.floor = closed_loop(floor_c.clone(), keys(t, "floor-u"), 1, b).await?;
-    r.uncontended = closed_loop(molt_c.clone(), keys(t, "lock-u"), 1, b).await?;
+    let one = (
+        (floor_c.clone(), keys(t, "floor-u")),
+        (molt_c.clone(), keys(t, "lock-u")),
+    );
+    (r.floor, r.uncontended) = paired(one.0, one.1, 1, b, a.rounds).await?;
     r.uncontended_ratio = ratio(r.uncontended.per_sec, r.floor.per_sec);
-    r.floor_parallel = closed_loop(floor_c, keys(t, "floor-p"), a.tasks, b).await?;
-    r.parallel = closed_loop(molt_c, keys(t, "lock-p"), a.tasks, b).await?;
+    let many = ((floor_c, keys(t, "floor-p")), (molt_c, keys(t, "lock-p")));
+    (r.floor_parallel, r.parallel) = paired(many.0, many.1, a.tasks, b, a.rounds).await?;
     r.parallel_ratio = ratio(r.parallel.per_sec, r.floor_parallel.per_sec);
     Ok(())
 }

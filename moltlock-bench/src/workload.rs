@@ -86,10 +86,94 @@ const KEYS_PER_TASK: u64 = 16;
 /// The first cycle error.
 pub async fn closed_loop(
     cycler: Arc<dyn Cycler>,
-    key: Arc<dyn Fn(usize, u64) -> String + Send + Sync>,
+    key: KeyFn,
     tasks: usize,
     bounds: Bounds,
 ) -> Result<LoopResult, String> {
+    Ok(sample(&cycler, &key, tasks, bounds).await?.result())
+}
+
+/// The raw figures of one or more closed loops of the same shape.
+#[derive(Default)]
+struct Samples {
+    tasks: usize,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+impl Samples {
+    fn add(&mut self, other: Samples) {
+        self.tasks = other.tasks;
+        self.elapsed += other.elapsed;
+        self.latencies.extend(other.latencies);
+    }
+
+    fn result(mut self) -> LoopResult {
+        let cycles = self.latencies.len() as u64;
+        let secs = self.elapsed.as_secs_f64();
+        LoopResult {
+            tasks: self.tasks,
+            cycles,
+            per_sec: if secs > 0.0 {
+                cycles as f64 / secs
+            } else {
+                0.0
+            },
+            latency: Summary::of(&mut self.latencies),
+        }
+    }
+}
+
+/// Measures two cyclers side by side (the floor and MoltLock): `rounds`
+/// rounds of each, each a `rounds`-th of `bounds`, in the order A B B A
+/// A B B A …, after a short unmeasured warm-up of each. A machine that
+/// speeds up or slows down during the measurement (other work on its
+/// cores, a store's background flush) weighs on both alike, where two
+/// measurements one after the other would put the whole drift into their
+/// ratio.
+///
+/// # Errors
+/// The first cycle error.
+pub async fn paired(
+    a: (Arc<dyn Cycler>, KeyFn),
+    b: (Arc<dyn Cycler>, KeyFn),
+    tasks: usize,
+    bounds: Bounds,
+    rounds: u32,
+) -> Result<(LoopResult, LoopResult), String> {
+    let rounds = rounds.max(1);
+    let slice = Bounds {
+        duration: bounds.duration / rounds,
+        max_cycles: (bounds.max_cycles / u64::from(rounds)).max(1),
+    };
+    let warm = Bounds {
+        duration: slice.duration / 4,
+        max_cycles: (slice.max_cycles / 4).max(1),
+    };
+    sample(&a.0, &a.1, tasks, warm).await?;
+    sample(&b.0, &b.1, tasks, warm).await?;
+    let (mut sa, mut sb) = (Samples::default(), Samples::default());
+    for round in 0..rounds {
+        if round % 2 == 0 {
+            sa.add(sample(&a.0, &a.1, tasks, slice).await?);
+            sb.add(sample(&b.0, &b.1, tasks, slice).await?);
+        } else {
+            sb.add(sample(&b.0, &b.1, tasks, slice).await?);
+            sa.add(sample(&a.0, &a.1, tasks, slice).await?);
+        }
+    }
+    Ok((sa.result(), sb.result()))
+}
+
+/// Names the key of a task's slot.
+pub type KeyFn = Arc<dyn Fn(usize, u64) -> String + Send + Sync>;
+
+async fn sample(
+    cycler: &Arc<dyn Cycler>,
+    key: &KeyFn,
+    tasks: usize,
+    bounds: Bounds,
+) -> Result<Samples, String> {
     let tasks = tasks.max(1);
     let per_task = (bounds.max_cycles / tasks as u64).max(1);
     let started = Instant::now();
@@ -110,21 +194,14 @@ pub async fn closed_loop(
             Ok::<_, String>(lat)
         }));
     }
-    let mut all = Vec::new();
+    let mut latencies = Vec::new();
     for h in handles {
-        all.extend(h.await.map_err(|e| e.to_string())??);
+        latencies.extend(h.await.map_err(|e| e.to_string())??);
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    let cycles = all.len() as u64;
-    Ok(LoopResult {
+    Ok(Samples {
         tasks,
-        cycles,
-        per_sec: if elapsed > 0.0 {
-            cycles as f64 / elapsed
-        } else {
-            0.0
-        },
-        latency: Summary::of(&mut all),
+        elapsed: started.elapsed(),
+        latencies,
     })
 }
 
@@ -312,5 +389,54 @@ fn analyse(mut recs: Vec<Rec>, shared: &Shared, tasks: usize, elapsed: f64) -> C
         fence_backwards: backwards,
         requests_per_acquisition: None,
         waits_per_acquisition: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cycle that takes longer the later it runs: a machine that slows
+    /// down as the measurement goes on (whole milliseconds: the timer's
+    /// grain).
+    struct Slowing(Instant);
+
+    #[async_trait]
+    impl Cycler for Slowing {
+        async fn cycle(&self, _key: &str) -> Result<(), String> {
+            let late = self.0.elapsed().as_secs_f64();
+            tokio::time::sleep(Duration::from_millis(20 + (late * 5.0) as u64)).await;
+            Ok(())
+        }
+    }
+
+    fn any_key() -> KeyFn {
+        Arc::new(|task, slot| format!("{task}-{slot}"))
+    }
+
+    const BOUNDS: Bounds = Bounds {
+        duration: Duration::from_secs(2),
+        max_cycles: u64::MAX,
+    };
+
+    /// Two identical cyclers measured one after the other on a slowing
+    /// machine differ; measured in alternating rounds they come out alike.
+    #[tokio::test(start_paused = true)]
+    async fn alternating_rounds_cancel_a_drift() {
+        let start = Instant::now();
+        let c: Arc<dyn Cycler> = Arc::new(Slowing(start));
+        let first = closed_loop(c.clone(), any_key(), 1, BOUNDS).await.unwrap();
+        let second = closed_loop(c.clone(), any_key(), 1, BOUNDS).await.unwrap();
+        let apart = second.per_sec / first.per_sec;
+        assert!(apart < 0.9, "one after the other: {apart:.2}");
+        let (a, b) = paired((c.clone(), any_key()), (c, any_key()), 1, BOUNDS, 4)
+            .await
+            .unwrap();
+        let side_by_side = b.per_sec / a.per_sec;
+        assert!(
+            (0.97..=1.03).contains(&side_by_side),
+            "side by side: {side_by_side:.2}"
+        );
+        assert!(a.cycles > 0 && b.cycles > 0);
     }
 }

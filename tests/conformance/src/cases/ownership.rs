@@ -233,12 +233,38 @@ pub async fn duplicate_delivery_does_not_wait_on_itself(f: Factory) -> CaseResul
         !is_free(&other, &k, LONG).await?,
         "the store does not hold the key for the guard"
     );
+    let mine = g.token().clone();
     g.release().await.map_err(err)?;
-    ensure!(
-        is_free(&other, &k, LONG).await?,
-        "a duplicated acquisition left a hold after release"
-    );
-    Ok(Outcome::Passed)
+    left_after_release(&other, &k, &mine).await
+}
+
+/// Passes when `key` is free; else names what still holds it: the
+/// released guard's own token (`mine`) or another.
+async fn left_after_release(
+    other: &std::sync::Arc<dyn moltlock_core::Backend>,
+    key: &str,
+    mine: &Token,
+) -> CaseResult {
+    let lk = key.parse().map_err(err)?;
+    let probe = Token::random();
+    match other.cas(&lk, None, &probe, LONG).await.map_err(err)? {
+        CasOutcome::Acquired { .. } => {
+            other.delete(&lk, &probe).await.map_err(err)?;
+            Ok(Outcome::Passed)
+        }
+        CasOutcome::Held(h) => {
+            let whose = match &h.holder {
+                Some(t) if t == mine => "the released guard's own token",
+                Some(_) => "another token",
+                None => "an unnamed holder",
+            };
+            Err(format!(
+                "a duplicated acquisition left a hold after release: held by {whose} \
+                 ({:?}), {:?} left",
+                h.holder, h.expires_in
+            ))
+        }
+    }
 }
 
 /// `renew_many` answers each item for itself: a held, a deleted, a foreign
