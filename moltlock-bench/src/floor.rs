@@ -35,7 +35,9 @@ use crate::workload::Cycler;
 
 /// The TTL of floor holds (they are released at once).
 const TTL: Duration = Duration::from_secs(30);
-/// Pool size of the SQL floors: the backends' default.
+/// Pool size of the SQL floors: the backends' default. Like the backends'
+/// pools, theirs do not ping a connection before each statement (sqlx's
+/// default), the cheapest correct way to drive the store.
 const POOL: u32 = 10;
 
 const REDIS_CAD: &str =
@@ -108,7 +110,9 @@ impl Floor {
                 })
             }
             Store::Postgres => {
-                let pool = PgPoolOptions::new().max_connections(POOL);
+                let pool = PgPoolOptions::new()
+                    .max_connections(POOL)
+                    .test_before_acquire(false);
                 let pool = pool.connect(&t.url).await.map_err(err)?;
                 sqlx::query(&sql::PG_TABLE)
                     .execute(&pool)
@@ -122,7 +126,9 @@ impl Floor {
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Normal)
                     .busy_timeout(Duration::from_secs(10));
-                let pool = SqlitePoolOptions::new().max_connections(POOL);
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(POOL)
+                    .test_before_acquire(false);
                 let pool = pool.connect_with(opts).await.map_err(err)?;
                 sqlx::query(&sql::SQLITE_TABLE)
                     .execute(&pool)
@@ -131,7 +137,9 @@ impl Floor {
                 Ok(Self::Sqlite { pool })
             }
             Store::Mysql => {
-                let pool = MySqlPoolOptions::new().max_connections(POOL);
+                let pool = MySqlPoolOptions::new()
+                    .max_connections(POOL)
+                    .test_before_acquire(false);
                 let pool = pool.connect(&t.url).await.map_err(err)?;
                 sqlx::query(&sql::MYSQL_TABLE)
                     .execute(&pool)

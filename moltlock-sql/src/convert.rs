@@ -54,11 +54,32 @@ pub(crate) fn left_ms(v: Option<i64>) -> Option<Duration> {
     v.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
 }
 
+/// A pooled connection idle for at least this long is pinged before a
+/// statement uses it.
+pub const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
 /// Pool settings from the config.
+///
+/// The pool does not ping every connection it hands out (sqlx's default
+/// would: one more round trip before each statement, half the cost of a
+/// lock + release on a fast network). It pings only a connection idle for
+/// [`PING_AFTER_IDLE`] or more, the ones a server restart or a dropped
+/// idle link most likely broke. A connection that breaks in use fails its
+/// statement with a retryable error, and the pool's own test when the
+/// connection comes back discards it.
 pub(crate) fn pool_options<DB: Database>(cfg: &SqlConfig) -> sqlx::pool::PoolOptions<DB> {
     sqlx::pool::PoolOptions::new()
         .max_connections(cfg.max_connections)
         .acquire_timeout(cfg.acquire_timeout)
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_AFTER_IDLE {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
 }
 
 /// A hold from a row of `(key, owner, fence, ms left, description)`.

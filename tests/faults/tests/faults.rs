@@ -438,8 +438,11 @@ fn member_down(
     let taken = during("acquired", None);
     let joined = during("connected", Some("joiner"));
     if taken == 0 {
-        out.failures
-            .push("nobody took the key while a member was down".into());
+        let seen = timeline(out.log.as_ref(), down);
+        out.failures.push(format!(
+            "nobody took the key while a member was down ({:.1} s); events from the outage on: {seen}",
+            up.saturating_sub(down) as f64 / 1e9
+        ));
     }
     if joined == 0 {
         out.failures
@@ -451,6 +454,24 @@ fn member_down(
         out.note.push_str(", a newcomer connected meanwhile");
     }
     out
+}
+
+/// The events of `log` from `from` (wall ns) on, as `+ms worker kind
+/// (note)`, so a failure shows what the workers did meanwhile.
+fn timeline(log: Option<&moltlock_faults::service::Log>, from: u128) -> String {
+    let Some(log) = log else {
+        return "no log".into();
+    };
+    let lines: Vec<String> = log
+        .events
+        .iter()
+        .filter(|e| e.t >= from)
+        .map(|e| {
+            let ms = e.t.saturating_sub(from) / 1_000_000;
+            format!("+{ms}ms {} {} {}", e.worker, e.kind, e.note)
+        })
+        .collect();
+    lines.join("; ")
 }
 
 /// The quorum's Redis member is killed while a worker holds the key,
