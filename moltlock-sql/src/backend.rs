@@ -109,7 +109,11 @@ impl<D: Dialect> SqlBackend<D> {
     /// one of its connections per statement (and, on Postgres, one more
     /// for `LISTEN` once someone waits). SQLite: the pool's own journal
     /// mode and busy timeout apply; WAL and a busy timeout are advised for
-    /// files shared between processes.
+    /// files shared between processes. A pool left at sqlx's default pings
+    /// every connection it hands out, one more round trip per lock
+    /// operation; the backend's own pools ping only connections idle for
+    /// a second or more (`test_before_acquire(false)` with a
+    /// `before_acquire` that pings on `idle_for`).
     ///
     /// # Errors
     /// As [`connect`](Self::connect), less the connection errors a pool
