@@ -24,10 +24,23 @@ fn agreed(answers: Vec<HolderInfo>, need: usize) -> Option<HolderInfo> {
             let mut info = a.clone();
             info.fence = same.iter().filter_map(|b| b.fence).max();
             info.expires_in = same.iter().filter_map(|b| b.expires_in).min();
+            info.description = described(&same);
             best = Some((same.len(), info));
         }
     }
     best.map(|(_, info)| info)
+}
+
+/// The description of a holder whose members answered `same`: the text
+/// most of them report. A member that reports none has not stored it yet
+/// (a description is stored after the hold, and returns once a majority
+/// stored it), so it does not outvote one that has.
+fn described(same: &[&HolderInfo]) -> Option<String> {
+    let texts: Vec<&String> = same.iter().filter_map(|b| b.description.as_ref()).collect();
+    texts
+        .iter()
+        .max_by_key(|t| texts.iter().filter(|u| u == t).count())
+        .map(|t| (*t).clone())
 }
 
 /// Every member's answer to `ask`, side by side: all of them, except that
@@ -133,5 +146,44 @@ impl Inspect for QuorumBackend {
             .into_iter()
             .filter_map(|k| agreed(all.iter().filter(|h| h.key == k).cloned().collect(), need))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::{Fence, Token};
+
+    fn answer(holder: &Token, description: Option<&str>) -> HolderInfo {
+        HolderInfo {
+            key: "k".into(),
+            holder: holder.clone(),
+            fence: Some(Fence(1)),
+            expires_in: Some(Duration::from_secs(5)),
+            description: description.map(str::to_owned),
+        }
+    }
+
+    /// A member that has not stored the description yet, answering first,
+    /// does not hide the one the others stored.
+    #[test]
+    fn a_member_without_the_description_does_not_hide_it() {
+        let t = Token::random();
+        let answers = vec![
+            answer(&t, None),
+            answer(&t, Some("second")),
+            answer(&t, Some("second")),
+        ];
+        let found = agreed(answers, 2).unwrap();
+        assert_eq!(found.description.as_deref(), Some("second"));
+        let answers = vec![answer(&t, None), answer(&t, Some("second"))];
+        assert_eq!(
+            agreed(answers, 2).unwrap().description.as_deref(),
+            Some("second")
+        );
+        let answers = vec![answer(&t, None), answer(&t, None)];
+        assert_eq!(agreed(answers, 2).unwrap().description, None);
     }
 }
