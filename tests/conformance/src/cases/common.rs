@@ -60,14 +60,24 @@ pub(super) async fn is_free(
     key: &str,
     ttl: Duration,
 ) -> Result<bool, String> {
+    Ok(holder_of(b, key, ttl).await?.is_none())
+}
+
+/// What holds `key`, found by trying to take it (with `ttl`): `None` when
+/// it was free (the probe's own hold is deleted again).
+pub(super) async fn holder_of(
+    b: &Arc<dyn Backend>,
+    key: &str,
+    ttl: Duration,
+) -> Result<Option<moltlock_core::Held>, String> {
     let k = key.parse().map_err(err)?;
     let token = Token::random();
     match b.cas(&k, None, &token, ttl).await.map_err(err)? {
         CasOutcome::Acquired { .. } => {
             b.delete(&k, &token).await.map_err(err)?;
-            Ok(true)
+            Ok(None)
         }
-        CasOutcome::Held(_) => Ok(false),
+        CasOutcome::Held(h) => Ok(Some(h)),
     }
 }
 

@@ -245,26 +245,18 @@ async fn left_after_release(
     key: &str,
     mine: &Token,
 ) -> CaseResult {
-    let lk = key.parse().map_err(err)?;
-    let probe = Token::random();
-    match other.cas(&lk, None, &probe, LONG).await.map_err(err)? {
-        CasOutcome::Acquired { .. } => {
-            other.delete(&lk, &probe).await.map_err(err)?;
-            Ok(Outcome::Passed)
-        }
-        CasOutcome::Held(h) => {
-            let whose = match &h.holder {
-                Some(t) if t == mine => "the released guard's own token",
-                Some(_) => "another token",
-                None => "an unnamed holder",
-            };
-            Err(format!(
-                "a duplicated acquisition left a hold after release: held by {whose} \
-                 ({:?}), {:?} left",
-                h.holder, h.expires_in
-            ))
-        }
-    }
+    let Some(h) = holder_of(other, key, LONG).await? else {
+        return Ok(Outcome::Passed);
+    };
+    let whose = match &h.holder {
+        Some(t) if t == mine => "the released guard's own token",
+        Some(_) => "another token",
+        None => "an unnamed holder",
+    };
+    Err(format!(
+        "a duplicated acquisition left a hold after release: held by {whose} ({:?}), {:?} left",
+        h.holder, h.expires_in
+    ))
 }
 
 /// `renew_many` answers each item for itself: a held, a deleted, a foreign
