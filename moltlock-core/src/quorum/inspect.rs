@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::task::JoinSet;
 
-use super::QuorumBackend;
+use super::{QuorumBackend, STRAGGLE};
 use crate::{Backend, Error, HolderInfo, Inspect, LockKey};
 
 /// How long an inspection waits for the members still to answer once a
@@ -16,9 +16,9 @@ const LATE_ANSWER: Duration = Duration::from_millis(250);
 /// The holder a majority of member answers agree on, with the largest of
 /// their fences: the members that counted for the hold (a grant that landed
 /// after the count is deleted, so only until then can it show here).
-fn agreed(answers: Vec<HolderInfo>, need: usize) -> Option<HolderInfo> {
+fn agreed(answers: &[HolderInfo], need: usize) -> Option<HolderInfo> {
     let mut best: Option<(usize, HolderInfo)> = None;
-    for a in &answers {
+    for a in answers {
         let same: Vec<&HolderInfo> = answers.iter().filter(|b| b.holder == a.holder).collect();
         if same.len() >= need && best.as_ref().is_none_or(|(n, _)| same.len() > *n) {
             let mut info = a.clone();
@@ -74,11 +74,21 @@ where
     answers
 }
 
-#[async_trait]
-impl Inspect for QuorumBackend {
-    /// The holder a majority of members report; returns as soon as the
-    /// answers decide it.
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+/// How long after an inspection found a holder that not every member
+/// reports it looks again: past the time a won acquisition still counts
+/// stragglers ([`STRAGGLE`]), with a margin for its replies in flight.
+const SETTLE: Duration = STRAGGLE.saturating_add(Duration::from_millis(50));
+
+/// One look at every member: the holder a majority agree on, and whether
+/// every member reported it (then its fence is final).
+struct Look {
+    found: Result<Option<HolderInfo>, Error>,
+    unanimous: bool,
+}
+
+impl QuorumBackend {
+    /// Asks every member for the holder of `key`.
+    async fn look(&self, key: &LockKey) -> Look {
         let key = key.clone();
         let replies = gather(self, |m| {
             let key = key.clone();
@@ -100,10 +110,37 @@ impl Inspect for QuorumBackend {
                 Err(e) => failed = Some(e),
             }
         }
-        let found = agreed(answers, need);
-        match (found, failed) {
+        let found = agreed(&answers, need);
+        let unanimous = found.as_ref().is_none_or(|f| {
+            answers.iter().filter(|a| a.holder == f.holder).count() == self.members.len()
+        });
+        let found = match (found, failed) {
             (None, Some(e)) if free <= self.members.len() - need => Err(e),
             (found, _) => Ok(found),
+        };
+        Look { found, unanimous }
+    }
+}
+
+#[async_trait]
+impl Inspect for QuorumBackend {
+    /// The holder a majority of members report, with the fence its
+    /// acquisition was given: when some member does not report it (an
+    /// acquisition still counting a straggler's grant, or a member down),
+    /// it asks again after [`SETTLE`] and reports the larger fence.
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        let first = self.look(key).await;
+        if first.unanimous {
+            return first.found;
+        }
+        tokio::time::sleep(SETTLE).await;
+        let again = self.look(key).await.found;
+        match (first.found, again) {
+            (Ok(Some(before)), Ok(Some(mut now))) if before.holder == now.holder => {
+                now.fence = now.fence.max(before.fence);
+                Ok(Some(now))
+            }
+            (_, again) => again,
         }
     }
 
@@ -144,7 +181,10 @@ impl Inspect for QuorumBackend {
         keys.dedup();
         Ok(keys
             .into_iter()
-            .filter_map(|k| agreed(all.iter().filter(|h| h.key == k).cloned().collect(), need))
+            .filter_map(|k| {
+                let same: Vec<HolderInfo> = all.iter().filter(|h| h.key == k).cloned().collect();
+                agreed(&same, need)
+            })
             .collect())
     }
 }
@@ -176,14 +216,14 @@ mod tests {
             answer(&t, Some("second")),
             answer(&t, Some("second")),
         ];
-        let found = agreed(answers, 2).unwrap();
+        let found = agreed(&answers, 2).unwrap();
         assert_eq!(found.description.as_deref(), Some("second"));
         let answers = vec![answer(&t, None), answer(&t, Some("second"))];
         assert_eq!(
-            agreed(answers, 2).unwrap().description.as_deref(),
+            agreed(&answers, 2).unwrap().description.as_deref(),
             Some("second")
         );
         let answers = vec![answer(&t, None), answer(&t, None)];
-        assert_eq!(agreed(answers, 2).unwrap().description, None);
+        assert_eq!(agreed(&answers, 2).unwrap().description, None);
     }
 }

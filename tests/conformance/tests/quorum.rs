@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use moltlock_conformance::{Bare, Delay, Partition};
-use moltlock_core::{Backend, Error, Inspect, LockKey, LockManager, MemoryBackend, QuorumBackend};
+use moltlock_core::{
+    Backend, Error, Inspect, LockKey, LockManager, MemoryBackend, QuorumBackend, RaiseFence,
+};
 
 const TTL: Duration = Duration::from_secs(2);
 
@@ -247,4 +249,47 @@ async fn a_members_clock_step_shortens_the_quorums_holds() {
         after + Duration::from_secs(15) < before,
         "a 20 s step of one member's clock left {after:?} of {before:?}"
     );
+}
+
+/// C grants 40 ms after A and B, inside the time a won acquisition still
+/// counts stragglers, and with the largest fence. An inspection between the
+/// two reports the fence the acquisition returns, not A's and B's.
+#[tokio::test]
+async fn inspect_between_a_majority_and_a_straggler_reports_the_final_fence() {
+    let stores = [
+        MemoryBackend::new(),
+        MemoryBackend::new(),
+        MemoryBackend::new(),
+    ];
+    let key = LockKey::new("k").unwrap();
+    stores[2]
+        .raise_fence(&key, moltlock_core::Fence(1000))
+        .await
+        .unwrap();
+    let slow = Delay::new(
+        Arc::new(stores[2].clone()),
+        Duration::from_millis(40),
+        Duration::ZERO,
+    );
+    let members: Vec<Arc<dyn Backend>> = vec![
+        Arc::new(stores[0].clone()),
+        Arc::new(stores[1].clone()),
+        Arc::new(slow),
+    ];
+    let quorum = QuorumBackend::new(members).unwrap();
+    let mgr = LockManager::builder(quorum.clone())
+        .ttl(TTL)
+        .build()
+        .unwrap();
+    let locking = tokio::spawn(async move { mgr.lock("k").await });
+    tokio::time::sleep(Duration::from_millis(15)).await;
+    assert!(holds(&stores[0], "k").await && !holds(&stores[2], "k").await);
+    let seen = quorum.inspect(&key).await.unwrap().expect("a holder");
+    let guard = locking.await.unwrap().unwrap();
+    assert!(
+        guard.fence() > moltlock_core::Fence(1000),
+        "C did not count"
+    );
+    assert_eq!(seen.fence, Some(guard.fence()), "inspected mid-acquisition");
+    guard.release().await.unwrap();
 }
