@@ -23,7 +23,8 @@ pub struct ElectArgs {
     #[arg(long)]
     value: Option<String>,
     /// When the command ends (or leadership is lost), campaign again and
-    /// run it again on winning; stops on a signal.
+    /// run it again on winning; stops on a signal, with status 128 + the
+    /// signal.
     #[arg(long)]
     keep: bool,
     #[command(flatten)]
@@ -52,8 +53,13 @@ pub async fn elect(url: &str, args: ElectArgs) -> Result<u8, Failure> {
     let mut signals = Signals::new()?;
     loop {
         let code = run::run_with(url, run_args.clone(), &mut signals).await?;
-        if !args.keep || signals.seen().is_some() {
+        if !args.keep {
             return Ok(code);
+        }
+        // A signal ends the loop with 128 + the signal, also when the
+        // command it was passed to ended with a status of its own.
+        if let Some(sig) = signals.seen() {
+            return Ok(signal_status(sig));
         }
         if code == EXIT_BUSY {
             // Nobody waits in a one-attempt campaign: try again later.

@@ -184,6 +184,31 @@ fn keep_ends_on_a_signal_between_runs() {
     }
 }
 
+/// A signal ends `elect --keep` with 128 + the signal even when the
+/// command it is passed to exits 0 on it (as a command that traps SIGTERM
+/// to shut down cleanly does, or one that was ending anyway).
+#[test]
+fn keep_ends_with_the_signal_when_the_command_exits_0_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let started = dir.path().join("started");
+    let script = format!(
+        "trap 'exit 0' TERM; touch {}; sleep 30 & wait",
+        started.display()
+    );
+    let cmd = ["sh".to_string(), "-c".to_string(), script];
+    let mut a = candidate(&url, &key(), "a", &cmd, &["--keep"]);
+    let until = Instant::now() + Duration::from_secs(10);
+    while !started.exists() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(started.exists(), "the command never started");
+    let pid = rustix::process::Pid::from_raw(i32::try_from(a.id()).unwrap()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = a.wait().unwrap();
+    assert_eq!(status.code(), Some(143), "{status:?}");
+}
+
 /// A leader whose leadership is taken away (deleted behind it) stops its
 /// command and exits 125.
 #[test]
