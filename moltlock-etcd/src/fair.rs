@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 use moltlock_core::{CasOutcome, Error, Fence, LockKey, Token};
 
 use crate::core::Core;
@@ -26,70 +26,118 @@ use crate::watch::{next_event, Wake};
 /// Pause after a retryable failure while waiting in the queue.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
-/// Waits in the queue for `key`, then holds it as `token`.
+/// What one look at the queue led to.
+enum Step {
+    /// The key is ours.
+    Taken(Fence),
+    /// An event that concerns us came: try again at once.
+    Woken,
+    /// Nothing came within the period (or our place needs a look).
+    Look,
+}
+
+/// Waits in the queue for `key`, then holds it as `token`. A free key with
+/// an empty queue is taken at once, in one Txn and with no place.
 pub(crate) async fn acquire(
     core: &Arc<Core>,
     key: &LockKey,
     token: &Token,
     ttl: Duration,
 ) -> Result<Fence, Error> {
+    let empty = Compare::create_revision(core.keys.queue(key), CompareOp::Equal, 0).with_prefix();
+    match core.create_if(key, token, ttl, &[empty]).await {
+        Ok(CasOutcome::Acquired { fence }) => return Ok(fence),
+        Ok(CasOutcome::Held(_)) => {}
+        Err(e) if e.is_retryable() => {
+            tracing::debug!(%key, error = %e, "fair take of a free key failed; queueing");
+        }
+        Err(e) => return Err(e),
+    }
     let mut guard = EntryGuard {
         core: core.clone(),
         entry: Some(core.keys.queue_entry(key, token)),
     };
     let mut my_rev = enqueue(core, key, token, ttl).await?;
+    let mut woken = false;
     loop {
-        match step(core, key, token, ttl, my_rev).await {
-            Ok(Some(fence)) => {
+        match step(core, key, token, ttl, (my_rev, woken)).await {
+            Ok(Step::Taken(fence)) => {
                 guard.entry = None;
                 return Ok(fence);
             }
-            Ok(None) => {}
+            Ok(Step::Woken) => woken = true,
+            Ok(Step::Look) => woken = false,
             Err(e) if e.is_retryable() => {
                 tracing::debug!(%key, error = %e, "fair queue wait failed; retrying");
                 tokio::time::sleep(RETRY_PAUSE).await;
+                woken = false;
             }
             Err(e) => return Err(e),
         }
-        my_rev = keep_place(core, key, token, ttl, my_rev).await?;
+        if !woken {
+            my_rev = keep_place(core, key, token, ttl, my_rev).await?;
+        }
     }
 }
 
 /// One look at the queue: take the key if we are the head and it is free,
 /// otherwise wait for the one event that concerns us (or a refresh period).
+/// Just `woken` by such an event, we try the key at once: the Txn itself
+/// checks that our place is intact and none is ahead of it, so a hand-off
+/// costs the one Txn.
 async fn step(
     core: &Core,
     key: &LockKey,
     token: &Token,
     ttl: Duration,
-    my_rev: i64,
-) -> Result<Option<Fence>, Error> {
+    (my_rev, woken): (i64, bool),
+) -> Result<Step, Error> {
     let period = core.session.secs_for(ttl);
     let period = Duration::from_secs(period) / 3;
-    if let Some((pred, seen)) = predecessor(core, key, my_rev).await? {
-        wait(core, &pred, seen + 1, period).await?;
-        return Ok(None);
-    }
-    match core.create(key, token, ttl).await? {
-        CasOutcome::Acquired { fence } => Ok(Some(fence)),
-        CasOutcome::Held(h) => {
-            let seen = h.revision.and_then(|r| i64::try_from(r).ok()).unwrap_or(0);
-            wait(core, &core.keys.lock(key), seen + 1, period).await?;
-            Ok(None)
+    if !woken {
+        if let Some((pred, seen)) = predecessor(core, key, my_rev).await? {
+            return wait(core, &pred, seen + 1, period).await;
         }
+    }
+    match take_as_head(core, key, token, ttl, my_rev).await? {
+        CasOutcome::Acquired { fence } => Ok(Step::Taken(fence)),
+        CasOutcome::Held(h) if h.holder.is_some() => {
+            let seen = h.revision.and_then(|r| i64::try_from(r).ok()).unwrap_or(0);
+            wait(core, &core.keys.lock(key), seen + 1, period).await
+        }
+        // Free, but a place is ahead of ours or ours is gone: look again.
+        CasOutcome::Held(_) => Ok(Step::Look),
     }
 }
 
+/// Takes the key if it is free, our place (created at `my_rev`) is still
+/// there, and no place is ahead of it.
+async fn take_as_head(
+    core: &Core,
+    key: &LockKey,
+    token: &Token,
+    ttl: Duration,
+    my_rev: i64,
+) -> Result<CasOutcome, Error> {
+    let mine = core.keys.queue_entry(key, token);
+    let queue = core.keys.queue(key);
+    let order = [
+        Compare::create_revision(mine, CompareOp::Equal, my_rev),
+        Compare::create_revision(queue, CompareOp::Greater, my_rev - 1).with_prefix(),
+    ];
+    core.create_if(key, token, ttl, &order).await
+}
+
 /// Watches `key` from `from` for at most `period`.
-async fn wait(core: &Core, key: &[u8], from: i64, period: Duration) -> Result<(), Error> {
+async fn wait(core: &Core, key: &[u8], from: i64, period: Duration) -> Result<Step, Error> {
     let watch = next_event(&core.watches, key, from);
     match tokio::time::timeout(period, watch).await {
         Ok(Ok(Wake::Event)) => {
             core.wakeups
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Ok(())
+            Ok(Step::Woken)
         }
-        Ok(Ok(Wake::Compacted)) | Err(_) => Ok(()),
+        Ok(Ok(Wake::Compacted)) | Err(_) => Ok(Step::Look),
         Ok(Err(e)) => Err(e),
     }
 }

@@ -24,6 +24,19 @@ impl Core {
         token: &Token,
         ttl: Duration,
     ) -> Result<CasOutcome, Error> {
+        self.create_if(key, token, ttl, &[]).await
+    }
+
+    /// As [`create`](Self::create), taking the key only when `also` holds
+    /// too (the fair queue's order); held without a holder when the key
+    /// was free but `also` failed.
+    pub(crate) async fn create_if(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+        also: &[Compare],
+    ) -> Result<CasOutcome, Error> {
         self.flush_pending().await;
         let k = self.keys.lock(key);
         self.written.forget(&k);
@@ -31,8 +44,10 @@ impl Core {
         loop {
             let lease = self.session.lease_for(ttl).await?;
             let put = PutOptions::new().with_lease(lease.id);
+            let mut when = vec![Compare::create_revision(k.clone(), CompareOp::Equal, 0)];
+            when.extend_from_slice(also);
             let txn = Txn::new()
-                .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+                .when(when)
                 .and_then([
                     TxnOp::put(k.clone(), token.as_str(), Some(put)),
                     TxnOp::get(self.keys.offset(key), None),

@@ -369,8 +369,16 @@ impl Flawed {
         self.has(Flaw::InspectShowsExpired) || self.alive(e, now)
     }
 
-    /// Takes the key for the head of its fair queue if the key is free.
-    fn take_turn(&self, key: &str, token: &Token, ttl: Duration) -> Option<Fence> {
+    /// Takes the key for the head of its fair queue if the key is free;
+    /// with `ahead` (the place that was just ahead of ours), also once
+    /// that place is gone.
+    fn take_turn(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+        ahead: Option<&Token>,
+    ) -> Option<Fence> {
         let now = Instant::now();
         let nk = self.norm(key);
         let mut st = self.store();
@@ -386,7 +394,12 @@ impl Flawed {
             .get(&nk)
             .and_then(|q| q.front())
             .map(|p| p.token.clone());
-        if head.as_ref() != Some(token) {
+        let passes = ahead.is_some_and(|a| {
+            st.queues
+                .get(&nk)
+                .is_none_or(|q| q.iter().all(|p| &p.token != a))
+        });
+        if head.as_ref() != Some(token) && !passes {
             return None;
         }
         if st.entries.get(&nk).is_some_and(|e| self.alive(e, now)) {
@@ -410,7 +423,7 @@ impl Flawed {
             },
         );
         if let Some(q) = st.queues.get_mut(&nk) {
-            q.pop_front();
+            q.retain(|p| &p.token != token);
         }
         Some(Fence(fence))
     }

@@ -276,15 +276,17 @@ impl FairQueue for Flawed {
             }
         }
         let nk = self.norm(key.as_str());
-        self.store()
-            .queues
-            .entry(nk.clone())
-            .or_default()
-            .push_back(QueuePlace {
+        let ahead = {
+            let mut st = self.store();
+            let q = st.queues.entry(nk.clone()).or_default();
+            let ahead = q.back().map(|p| p.token.clone());
+            q.push_back(QueuePlace {
                 token: token.clone(),
                 alive_until: Instant::now() + ttl,
                 dropped: false,
             });
+            ahead.filter(|_| self.has(Flaw::FairPassesAhead))
+        };
         let mut guard = QueueGuard {
             store: self.clone(),
             key: nk,
@@ -293,7 +295,7 @@ impl FairQueue for Flawed {
             done: false,
         };
         loop {
-            if let Some(fence) = self.take_turn(key.as_str(), token, ttl) {
+            if let Some(fence) = self.take_turn(key.as_str(), token, ttl, ahead.as_ref()) {
                 guard.done = true;
                 return Ok(fence);
             }

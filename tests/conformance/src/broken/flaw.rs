@@ -78,6 +78,10 @@ pub enum Flaw {
     /// A fair waiter that stopped looking (a crash, a long pause) keeps its
     /// place for good: nothing ends a place but its waiter.
     FairKeepsFrozenPlace,
+    /// A fair waiter takes a free key once the place just ahead of its own
+    /// is gone, without looking further ahead (as a waiter that watches
+    /// only its predecessor and does not check it became the head).
+    FairPassesAhead,
     /// Fair acquisitions draw fences from a counter of their own.
     FairFenceSeparate,
     /// `raise_fence` sets the fence counter to the minimum (can lower it).
@@ -168,6 +172,7 @@ impl Flaw {
         Flaw::FairBarges,
         Flaw::FairKeepsDroppedPlace,
         Flaw::FairKeepsFrozenPlace,
+        Flaw::FairPassesAhead,
         Flaw::FairFenceSeparate,
         Flaw::RaiseFenceSets,
         Flaw::RaiseFenceReadThenWrite,

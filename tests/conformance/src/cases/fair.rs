@@ -201,6 +201,48 @@ pub async fn fair_newcomer_waits_behind_a_frozen_place(f: Factory) -> CaseResult
     Ok(Outcome::Passed)
 }
 
+/// A waiter woken because the place just ahead of it left does not pass a
+/// live place further ahead: queued behind a leaving waiter and, before
+/// it, a frozen one, it does not take the free key when the leaving
+/// waiter drops out.
+pub async fn fair_waiter_does_not_pass_a_place_ahead(f: Factory) -> CaseResult {
+    let Frozen { ttl, k, first, .. } = behind_a_frozen_waiter(&f, "fair-pass").await?;
+    let frozen = Instant::now();
+    let fair_task = |m: LockManager, k: String| {
+        tokio::spawn(async move {
+            let g = m.acquire(&k, LockOptions::new().fair()).await;
+            if let Ok(Some(g)) = g {
+                let _ = g.release().await;
+                return true;
+            }
+            false
+        })
+    };
+    let leaving = fair_task(manager(&f.open().await?, ttl)?, k.clone());
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let behind = fair_task(manager(&f.open().await?, ttl)?, k.clone());
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    first.release().await.map_err(err)?;
+    leaving.abort();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let passed = if behind.is_finished() {
+        behind.await.unwrap_or(false)
+    } else {
+        behind.abort();
+        false
+    };
+    if frozen.elapsed() > Duration::from_millis(500) {
+        return Err(format!(
+            "{SLOW}: the frozen waiter's place could have ended before the look"
+        ));
+    }
+    ensure!(
+        !passed,
+        "a fair waiter took the free key past a live place ahead of it when the place just ahead left"
+    );
+    Ok(Outcome::Passed)
+}
+
 /// A fair hold of a fresh key with a fair waiter frozen behind it.
 struct Frozen {
     b: Arc<dyn Backend>,
