@@ -37,6 +37,14 @@ fn check_throughput(b: &BackendReport, out: &mut Vec<Check>) {
         format!("{:.2} ×", b.parallel_ratio),
         b.parallel_ratio >= 0.8,
     );
+    if let Some(x) = b.fair_ratio() {
+        push(
+            out,
+            format!("{st} fair: uncontended ≥ 0.8 × floor"),
+            format!("{x:.2} ×"),
+            x >= 0.8,
+        );
+    }
 }
 
 fn check_backend(b: &BackendReport, peers: &[PeerReport], out: &mut Vec<Check>) {

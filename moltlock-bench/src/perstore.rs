@@ -31,8 +31,11 @@ impl Report {
         row(s, b, "moltlock, a manager per task", mine, contended);
         let shared = b.contended_shared.as_ref();
         row(s, b, "moltlock, one shared manager", (None, None), shared);
-        if let Some(fair) = &b.contended_fair {
-            row(s, b, "moltlock fair", (None, None), Some(fair));
+        if b.contended_fair.is_some() || b.fair_uncontended.is_some() {
+            // Its single-task ratio is to the floor measured in turns with it.
+            let fair = b.fair_uncontended.as_ref();
+            let one = fair.map(|(floor, fair)| Against(fair, floor));
+            fair_row(s, b, one, b.contended_fair.as_ref());
         }
         for p in self.peers.iter().filter(|p| p.store == b.store) {
             let loops = (Some(&p.uncontended), None);
@@ -41,6 +44,9 @@ impl Report {
         s.push('\n');
     }
 }
+
+/// A loop and the floor it is measured against.
+struct Against<'a>(&'a LoopResult, &'a LoopResult);
 
 /// One line: loops (1 task, many tasks) against the floor, and a
 /// contended run.
@@ -51,16 +57,35 @@ fn row(
     (one, many): (Option<&LoopResult>, Option<&LoopResult>),
     c: Option<&ContendedResult>,
 ) {
-    let per_sec = |l: Option<&LoopResult>, floor: &LoopResult| {
-        l.filter(|l| l.cycles > 0)
-            .map(|l| format!("{:.0} ({:.2})", l.per_sec, ratio(l.per_sec, floor.per_sec)))
+    let one = one.map(|l| Against(l, &b.floor));
+    let many = many.map(|l| Against(l, &b.floor_parallel));
+    write_row(s, b, name, (one, many), c);
+}
+
+/// The fair queue's line: its single-task loop against its own floor.
+fn fair_row(s: &mut String, b: &BackendReport, one: Option<Against>, c: Option<&ContendedResult>) {
+    write_row(s, b, "moltlock fair", (one, None), c);
+}
+
+fn write_row(
+    s: &mut String,
+    b: &BackendReport,
+    name: &str,
+    (one, many): (Option<Against>, Option<Against>),
+    c: Option<&ContendedResult>,
+) {
+    let per_sec = |l: Option<Against>| {
+        l.filter(|Against(l, _)| l.cycles > 0)
+            .map(|Against(l, floor)| {
+                format!("{:.0} ({:.2})", l.per_sec, ratio(l.per_sec, floor.per_sec))
+            })
     };
     let rtts = |us: f64| format!("{:.2} ({:.1})", ms(us), ratio(us, b.rtt.p50_us));
     let _ = writeln!(
         s,
         "| {name} | {} | {} | {} | {} | {} | {} | {} | {} |",
-        dash(per_sec(one, &b.floor)),
-        dash(per_sec(many, &b.floor_parallel)),
+        dash(per_sec(one)),
+        dash(per_sec(many)),
         dash(c.map(|c| format!("{:.0}", c.per_sec))),
         dash(c.and_then(|c| c.requests_per_acquisition.map(|v| format!("{v:.2}")))),
         dash(c.map(|c| rtts(c.handoff.p50_us))),

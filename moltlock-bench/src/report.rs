@@ -64,6 +64,9 @@ pub struct BackendReport {
     pub parallel: LoopResult,
     /// MoltLock ÷ floor, many tasks.
     pub parallel_ratio: f64,
+    /// The fair queue, one task, and the floor measured in turns with it
+    /// (backends with a fair queue).
+    pub fair_uncontended: Option<(LoopResult, LoopResult)>,
     /// Contention on one key, default mode.
     pub contended: Option<ContendedResult>,
     /// Contention on one key, fair mode (backends with a fair queue).
@@ -78,6 +81,14 @@ pub struct BackendReport {
     pub lock_all: Option<LockAllResult>,
     /// The error that stopped this backend's run, if any.
     pub error: Option<String>,
+}
+
+impl BackendReport {
+    /// The fair queue's single-task rate ÷ its floor, where measured.
+    pub fn fair_ratio(&self) -> Option<f64> {
+        let (floor, fair) = self.fair_uncontended.as_ref()?;
+        Some(ratio(fair.per_sec, floor.per_sec))
+    }
 }
 
 /// A lock other than MoltLock run with the same workloads.
@@ -241,10 +252,14 @@ impl Report {
             }
             _ => None,
         };
+        let (one, many) = match mode {
+            "fair" => (b.fair_ratio(), None),
+            _ => (Some(b.uncontended_ratio), Some(b.parallel_ratio)),
+        };
         SummaryRow {
             store,
-            uncontended_ratio: throughput.then_some(b.uncontended_ratio),
-            parallel_ratio: throughput.then_some(b.parallel_ratio),
+            uncontended_ratio: one.filter(|_| throughput),
+            parallel_ratio: many.filter(|_| throughput),
             handoff_p50_us: c.map(|c| c.handoff.p50_us),
             handoff_p50_rtts: c.map(|c| ratio(c.handoff.p50_us, b.rtt.p50_us)),
             handoff_p99_us: c.map(|c| c.handoff.p99_us),
@@ -328,6 +343,18 @@ impl Report {
                 b.parallel.per_sec,
                 b.parallel_ratio
             );
+            if let (Some((floor, fair)), Some(x)) = (&b.fair_uncontended, b.fair_ratio()) {
+                let _ = writeln!(
+                    s,
+                    "| moltlock {} fair | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {x:.2} | | | |",
+                    b.store,
+                    b.rtt.p50_us,
+                    floor.per_sec,
+                    fair.per_sec,
+                    fair.latency.p50_us,
+                    fair.latency.p99_us,
+                );
+            }
         }
         for p in &self.peers {
             let floor = self.backend(&p.store).map_or(0.0, |b| b.floor.per_sec);
@@ -504,6 +531,14 @@ mod tests {
         }
     }
 
+    fn per_sec(per_sec: f64) -> LoopResult {
+        LoopResult {
+            per_sec,
+            cycles: 100,
+            ..LoopResult::default()
+        }
+    }
+
     /// The summary is computed from the run's own figures: ratios, the
     /// hand-off in round trips, the tail against the best peer, targets.
     #[test]
@@ -526,6 +561,7 @@ mod tests {
                 parallel_ratio: 0.5,
                 contended: Some(contended(1200.0, 4000.0)),
                 contended_fair: Some(contended(2000.0, 80_000.0)),
+                fair_uncontended: Some((per_sec(1000.0), per_sec(850.0))),
                 ..BackendReport::default()
             }],
             peers: vec![
@@ -552,6 +588,13 @@ mod tests {
         let peer = d.peer_p99.clone().unwrap_or_default();
         assert_eq!((peer.0.as_str(), peer.1), ("best peer", 10.0));
         assert_eq!(f.peer_p99.clone().unwrap_or_default().1, 0.5);
+        // The fair row's single-task ratio is its own, to its own floor.
+        assert_eq!((f.uncontended_ratio, f.parallel_ratio), (Some(0.85), None));
+        let fair_check = report
+            .checks
+            .iter()
+            .find(|k| k.what.starts_with("etcd fair: uncontended"));
+        assert!(fair_check.is_some_and(|k| k.met), "{:?}", report.checks);
         // default: uncontended met, parallel missed, overlap and starving
         // met, fences rise, hand-off p50 met (3.0 ×); fair adds its own.
         assert_eq!((d.targets_met, d.targets), (5, 6));

@@ -304,7 +304,7 @@ async fn throughput(
 ) -> Result<(), String> {
     let b = bounds(a);
     let floor_c: Arc<dyn Cycler> = Arc::new(floor.clone());
-    let molt: Arc<dyn Locker> = Arc::new(MoltLocker::new(backend, false)?);
+    let molt: Arc<dyn Locker> = Arc::new(MoltLocker::new(backend.clone(), false)?);
     let molt_c: Arc<dyn Cycler> = Arc::new(LockerCycler(molt));
     let one = (
         (floor_c.clone(), keys(t, "floor-u")),
@@ -312,9 +312,19 @@ async fn throughput(
     );
     (r.floor, r.uncontended) = paired(one.0, one.1, 1, b, a.rounds).await?;
     r.uncontended_ratio = ratio(r.uncontended.per_sec, r.floor.per_sec);
-    let many = ((floor_c, keys(t, "floor-p")), (molt_c, keys(t, "lock-p")));
+    let many = (
+        (floor_c.clone(), keys(t, "floor-p")),
+        (molt_c, keys(t, "lock-p")),
+    );
     (r.floor_parallel, r.parallel) = paired(many.0, many.1, a.tasks, b, a.rounds).await?;
     r.parallel_ratio = ratio(r.parallel.per_sec, r.floor_parallel.per_sec);
+    if backend.fair_queue().is_some() {
+        // A free key with an empty queue, in the fair mode.
+        let fair: Arc<dyn Locker> = Arc::new(MoltLocker::new(backend, true)?);
+        let fair_c: Arc<dyn Cycler> = Arc::new(LockerCycler(fair));
+        let one = ((floor_c, keys(t, "floor-f")), (fair_c, keys(t, "lock-f")));
+        r.fair_uncontended = Some(paired(one.0, one.1, 1, b, a.rounds).await?);
+    }
     Ok(())
 }
 
