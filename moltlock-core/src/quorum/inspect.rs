@@ -79,11 +79,13 @@ where
 /// stragglers ([`STRAGGLE`]), with a margin for its replies in flight.
 const SETTLE: Duration = STRAGGLE.saturating_add(Duration::from_millis(50));
 
-/// One look at every member: the holder a majority agree on, and whether
-/// every member reported it (then its fence is final).
+/// One look at every member: the holder a majority agree on, how many
+/// members reported it, and whether a member that answered reported none
+/// or another (so an acquisition may still be counting its grant).
 struct Look {
     found: Result<Option<HolderInfo>, Error>,
-    unanimous: bool,
+    agreeing: usize,
+    doubt: bool,
 }
 
 impl QuorumBackend {
@@ -111,36 +113,47 @@ impl QuorumBackend {
             }
         }
         let found = agreed(&answers, need);
-        let unanimous = found.as_ref().is_none_or(|f| {
-            answers.iter().filter(|a| a.holder == f.holder).count() == self.members.len()
+        let agreeing = found.as_ref().map_or(0, |f| {
+            answers.iter().filter(|a| a.holder == f.holder).count()
         });
+        let doubt = found.is_some() && (free > 0 || agreeing < answers.len());
         let found = match (found, failed) {
             (None, Some(e)) if free <= self.members.len() - need => Err(e),
             (found, _) => Ok(found),
         };
-        Look { found, unanimous }
+        Look {
+            found,
+            agreeing,
+            doubt,
+        }
     }
 }
 
 #[async_trait]
 impl Inspect for QuorumBackend {
     /// The holder a majority of members report, with the fence its
-    /// acquisition was given: when some member does not report it (an
-    /// acquisition still counting a straggler's grant, or a member down),
-    /// it asks again after [`SETTLE`] and reports the larger fence.
+    /// acquisition was given: when a member that answered reports no holder
+    /// or another (an acquisition may still be counting a straggler's
+    /// grant), it looks again after [`SETTLE`]. A member down or silent
+    /// does not make it wait.
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         let first = self.look(key).await;
-        if first.unanimous {
+        if !first.doubt {
             return first.found;
         }
         tokio::time::sleep(SETTLE).await;
-        let again = self.look(key).await.found;
-        match (first.found, again) {
+        let again = self.look(key).await;
+        match (first.found, again.found) {
+            // The same hold: the look that heard more of its members tells
+            // its fence (a grant seen first may have been undone since).
             (Ok(Some(before)), Ok(Some(mut now))) if before.holder == now.holder => {
-                now.fence = now.fence.max(before.fence);
+                if again.agreeing < first.agreeing {
+                    now.fence = now.fence.max(before.fence);
+                }
                 Ok(Some(now))
             }
-            (_, again) => again,
+            (before, Err(_)) => before,
+            (_, now) => now,
         }
     }
 

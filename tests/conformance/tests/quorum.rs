@@ -253,8 +253,10 @@ async fn a_members_clock_step_shortens_the_quorums_holds() {
 
 /// C grants 40 ms after A and B, inside the time a won acquisition still
 /// counts stragglers, and with the largest fence. An inspection between the
-/// two reports the fence the acquisition returns, not A's and B's.
-#[tokio::test]
+/// two reports the fence the acquisition returns, not A's and B's. (On a
+/// paused clock, so the order of the steps does not depend on the
+/// machine's speed.)
+#[tokio::test(start_paused = true)]
 async fn inspect_between_a_majority_and_a_straggler_reports_the_final_fence() {
     let stores = [
         MemoryBackend::new(),
@@ -291,5 +293,24 @@ async fn inspect_between_a_majority_and_a_straggler_reports_the_final_fence() {
         "C did not count"
     );
     assert_eq!(seen.fence, Some(guard.fence()), "inspected mid-acquisition");
+    guard.release().await.unwrap();
+}
+
+/// A member that does not answer (down or cut off) is no reason to look
+/// again: an inspection of a hold the other two agree on waits only for
+/// the late answer, not for the straggler window and a second look.
+#[tokio::test(start_paused = true)]
+async fn inspect_with_a_silent_member_looks_once() {
+    let (_stores, cuts, mgr) = three();
+    let guard = mgr.lock("k").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cuts[2].cut();
+    let started = tokio::time::Instant::now();
+    let seen = mgr.backend().inspector().unwrap();
+    let seen = seen.inspect(&LockKey::new("k").unwrap()).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(seen.map(|h| h.holder), Some(guard.token().clone()));
+    assert!(took < Duration::from_millis(400), "one look took {took:?}");
+    cuts[2].heal();
     guard.release().await.unwrap();
 }
