@@ -1,16 +1,19 @@
 //! The fair queue: revision-ordered entries under the lock's queue prefix,
 //! each waiter watching only its immediate predecessor.
 //!
-//! A waiter puts `<prefix><key>\0queue/<token>` on its session lease. The
-//! entry with the lowest create revision is the head: it takes the lock key
-//! with the same Txn as [`Backend::cas`](moltlock_core::Backend::cas)
-//! (watching the lock key while someone else holds it). Every other waiter
-//! watches only the DELETE of the entry just before its own. The holder
-//! keeps its entry until it releases: the release deletes the lock key and
-//! the entry in one Txn, which wakes exactly one waiter — the next in line —
-//! and it finds the key free. Fair and non-fair holders stay mutually
-//! exclusive because everyone acquires the same lock key; a non-fair
-//! `lock()` may still overtake the queue.
+//! A free key with an empty queue is taken at once, with no place: one Txn
+//! takes the lock key only if no entry is under the queue prefix.
+//! Otherwise a waiter puts `<prefix><key>\0queue/<token>` on its session
+//! lease. The entry with the lowest create revision is the head: it takes
+//! the lock key with the same Txn as [`Backend::cas`](moltlock_core::Backend::cas),
+//! whose compares also check that its entry is intact and none is ahead
+//! of it (watching the lock key while someone else holds it). Every other
+//! waiter watches only the entry just before its own. The holder keeps its
+//! entry until it releases: the release deletes the lock key and the entry
+//! in one Txn, which wakes exactly one waiter — the next in line — and it
+//! tries the key at once, in one Txn. Fair and non-fair holders stay
+//! mutually exclusive because everyone acquires the same lock key; a
+//! non-fair `lock()` may still overtake the queue.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -99,14 +102,28 @@ async fn step(
             return wait(core, &pred, seen + 1, period).await;
         }
     }
-    match take_as_head(core, key, token, ttl, my_rev).await? {
-        CasOutcome::Acquired { fence } => Ok(Step::Taken(fence)),
-        CasOutcome::Held(h) if h.holder.is_some() => {
-            let seen = h.revision.and_then(|r| i64::try_from(r).ok()).unwrap_or(0);
+    let held = match take_as_head(core, key, token, ttl, my_rev).await? {
+        CasOutcome::Acquired { fence } => return Ok(Step::Taken(fence)),
+        CasOutcome::Held(h) => h,
+    };
+    match &held.holder {
+        // An earlier Txn of ours landed though its caller saw it fail (a
+        // timeout): its fence is unknown, so give it back and try again.
+        Some(holder) if holder == token => {
+            core.give_back(key, token).await?;
+            Ok(Step::Woken)
+        }
+        // Held, and we were the head when we looked: wait for its end.
+        Some(_) if !woken => {
+            let seen = held
+                .revision
+                .and_then(|r| i64::try_from(r).ok())
+                .unwrap_or(0);
             wait(core, &core.keys.lock(key), seen + 1, period).await
         }
-        // Free, but a place is ahead of ours or ours is gone: look again.
-        CasOutcome::Held(_) => Ok(Step::Look),
+        // Woken and not taken (held again, a place still ahead, or ours
+        // gone): look at the queue before waiting again.
+        _ => Ok(Step::Look),
     }
 }
 

@@ -67,7 +67,7 @@ impl Core {
                     // slow request), that bound is not the key's. Give the
                     // hold back and let the caller retry.
                     if self.session.current(ttl).map(|l| l.id) != Some(lease.id) {
-                        self.release(key, token).await?;
+                        self.give_back(key, token).await?;
                         return Err(Error::store(
                             NAME,
                             "the session lease was replaced while the key was being taken",
@@ -161,6 +161,20 @@ impl Core {
         let deleted = self.release_once(key, owner).await?;
         claim.settle();
         Ok(deleted)
+    }
+
+    /// Deletes `owner`'s hold of `key` (and its description), keeping its
+    /// fair-queue place, if it has one.
+    pub(crate) async fn give_back(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        let k = self.keys.lock(key);
+        self.written.forget(&k);
+        let txn = Txn::new()
+            .when([Compare::value(k.clone(), CompareOp::Equal, owner.as_str())])
+            .and_then([
+                TxnOp::delete(k, None),
+                TxnOp::delete(self.keys.info(key), None),
+            ]);
+        Ok(self.io.txn(txn).await.map_err(map)?.succeeded())
     }
 
     async fn release_once(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {

@@ -206,41 +206,54 @@ pub async fn fair_newcomer_waits_behind_a_frozen_place(f: Factory) -> CaseResult
 /// it, a frozen one, it does not take the free key when the leaving
 /// waiter drops out.
 pub async fn fair_waiter_does_not_pass_a_place_ahead(f: Factory) -> CaseResult {
-    let Frozen { ttl, k, first, .. } = behind_a_frozen_waiter(&f, "fair-pass").await?;
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let (leaving_m, behind_m) = (manager(&f.open().await?, ttl)?, manager(&b, ttl)?);
+    let Frozen { k, first, .. } = behind_a_frozen_waiter(&f, "fair-pass").await?;
+    // A place may end half a second after its waiter's last look.
     let frozen = Instant::now();
+    let alive_until = frozen + Duration::from_millis(450);
     let fair_task = |m: LockManager, k: String| {
         tokio::spawn(async move {
             let g = m.acquire(&k, LockOptions::new().fair()).await;
-            if let Ok(Some(g)) = g {
-                let _ = g.release().await;
-                return true;
-            }
-            false
+            let g = g.map_err(err)?.ok_or("fair acquire returned no guard")?;
+            g.release().await.map_err(err)
         })
     };
-    let leaving = fair_task(manager(&f.open().await?, ttl)?, k.clone());
-    tokio::time::sleep(Duration::from_millis(80)).await;
-    let behind = fair_task(manager(&f.open().await?, ttl)?, k.clone());
-    tokio::time::sleep(Duration::from_millis(80)).await;
-    first.release().await.map_err(err)?;
-    leaving.abort();
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let passed = if behind.is_finished() {
-        behind.await.unwrap_or(false)
-    } else {
-        behind.abort();
-        false
-    };
-    if frozen.elapsed() > Duration::from_millis(500) {
+    let leaving = fair_task(leaving_m, k.clone());
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let behind = fair_task(behind_m, k.clone());
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    if leaving.is_finished() || behind.is_finished() {
+        let ended = if leaving.is_finished() {
+            leaving
+        } else {
+            behind
+        };
+        let why = ended.await.map_err(|e| e.to_string())?.err();
         return Err(format!(
-            "{SLOW}: the frozen waiter's place could have ended before the look"
+            "a fair waiter stopped waiting behind a held key: {why:?}"
         ));
     }
-    ensure!(
-        !passed,
+    first.release().await.map_err(err)?;
+    leaving.abort();
+    while Instant::now() < alive_until && !behind.is_finished() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if !behind.is_finished() {
+        behind.abort();
+        return Ok(Outcome::Passed);
+    }
+    behind.await.map_err(|e| e.to_string())??;
+    if frozen.elapsed() > Duration::from_millis(500) {
+        return Err(format!(
+            "{SLOW}: the frozen waiter's place could have ended before the waiter behind took the key"
+        ));
+    }
+    Err(
         "a fair waiter took the free key past a live place ahead of it when the place just ahead left"
-    );
-    Ok(Outcome::Passed)
+            .into(),
+    )
 }
 
 /// A fair hold of a fresh key with a fair waiter frozen behind it.
