@@ -402,7 +402,14 @@ impl Flawed {
         if head.as_ref() != Some(token) && !passes {
             return None;
         }
-        if st.entries.get(&nk).is_some_and(|e| self.alive(e, now)) {
+        // A hold of the waiter's own token is an earlier attempt of its
+        // that landed unseen: it is taken again, with a fresh fence.
+        let own = |e: &Entry| &e.holder == token && !self.has(Flaw::FairWaitsOnOwnHold);
+        if st
+            .entries
+            .get(&nk)
+            .is_some_and(|e| self.alive(e, now) && !own(e))
+        {
             return None;
         }
         let fence = if self.has(Flaw::FairFenceSeparate) {

@@ -152,6 +152,7 @@ macro_rules! __cases {
                 fair_frozen_waiter_loses_its_place: "fair queue, 4 expiry",
                 fair_newcomer_waits_behind_a_frozen_place: "fair queue",
                 fair_waiter_does_not_pass_a_place_ahead: "fair queue, 6 cancellation",
+                fair_acquire_does_not_wait_on_its_own_hold: "fair queue, 2 owner checks",
                 fences_rise_across_fair_and_plain: "5 fencing, fair queue",
             ],
             raise_fence: [

@@ -82,6 +82,9 @@ pub enum Flaw {
     /// is gone, without looking further ahead (as a waiter that watches
     /// only its predecessor and does not check it became the head).
     FairPassesAhead,
+    /// A fair waiter that finds the key held by its own token (an earlier
+    /// attempt that landed unseen) waits for that hold to end.
+    FairWaitsOnOwnHold,
     /// Fair acquisitions draw fences from a counter of their own.
     FairFenceSeparate,
     /// `raise_fence` sets the fence counter to the minimum (can lower it).
@@ -173,6 +176,7 @@ impl Flaw {
         Flaw::FairKeepsDroppedPlace,
         Flaw::FairKeepsFrozenPlace,
         Flaw::FairPassesAhead,
+        Flaw::FairWaitsOnOwnHold,
         Flaw::FairFenceSeparate,
         Flaw::RaiseFenceSets,
         Flaw::RaiseFenceReadThenWrite,

@@ -1,7 +1,7 @@
 //! The fair queue: arrival order, no barging, dropped waiters leave.
 
 use super::common::*;
-use moltlock_core::{LockGuard, LockOptions};
+use moltlock_core::{LockGuard, LockKey, LockOptions};
 
 /// A fair hold of `k` on a manager of its own.
 async fn fair_holder(f: &Factory, k: &str) -> Result<(LockManager, LockGuard), String> {
@@ -87,6 +87,44 @@ pub async fn fair_dropped_waiter_leaves_the_queue(f: Factory) -> CaseResult {
     ensure!(
         gap < Duration::from_secs(1),
         "the waiter behind a dropped one got the key {gap:?} after the release"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// A fair acquisition that finds the key held by its own token (an earlier
+/// attempt of its that landed although its caller saw it fail) does not
+/// wait on itself: it holds the key, with the fence the store reports for
+/// it, within a second, long before that hold's TTL.
+pub async fn fair_acquire_does_not_wait_on_its_own_hold(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let k = LockKey::new(key("fair-own")).map_err(err)?;
+    let token = Token::random();
+    if !matches!(
+        b.cas(&k, None, &token, LONG).await.map_err(err)?,
+        CasOutcome::Acquired { .. }
+    ) {
+        return Err("a fresh key was not granted".into());
+    }
+    let queue = b.fair_queue().ok_or("the backend declares no fair queue")?;
+    let got = tokio::time::timeout(Duration::from_secs(1), queue.acquire(&k, &token, LONG)).await;
+    let fence = got
+        .map_err(|_| format!("a fair acquisition waited on its own hold (TTL {LONG:?})"))?
+        .map_err(err)?;
+    let seen = match b.inspector() {
+        Some(i) => i.inspect(&k).await.map_err(err)?.and_then(|h| h.fence),
+        None => None,
+    };
+    let held = holder_of(&b, k.as_str(), LONG).await;
+    let _ = b.delete(&k, &token).await;
+    let held = held?.ok_or("nobody holds the key after the fair acquisition")?;
+    ensure!(
+        held.holder.as_ref() == Some(&token),
+        "held by {:?}",
+        held.holder
+    );
+    ensure!(
+        seen.is_none_or(|f| f == fence),
+        "the fair acquisition returned fence {fence:?}, the store reports {seen:?}"
     );
     Ok(Outcome::Passed)
 }
