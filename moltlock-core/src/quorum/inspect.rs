@@ -134,7 +134,7 @@ impl Inspect for QuorumBackend {
     /// The holder a majority of members report, with the fence its
     /// acquisition was given: when a member that answered reports no holder
     /// or another (an acquisition may still be counting a straggler's
-    /// grant), it looks again after [`SETTLE`]. A member down or silent
+    /// grant), it looks again after `SETTLE`. A member down or silent
     /// does not make it wait.
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         let first = self.look(key).await;
