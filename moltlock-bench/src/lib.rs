@@ -23,6 +23,7 @@ pub mod report;
 pub mod run;
 pub mod semaphore;
 pub mod stats;
+pub mod summary;
 pub mod svg;
 pub mod sysinfo;
 pub mod target;
