@@ -35,7 +35,13 @@ impl Report {
             // Its single-task ratio is to the floor measured in turns with it.
             let fair = b.fair_uncontended.as_ref();
             let one = fair.map(|(floor, fair)| Against(fair, floor));
-            fair_row(s, b, one, b.contended_fair.as_ref());
+            write_row(
+                s,
+                b,
+                "moltlock fair",
+                (one, None),
+                b.contended_fair.as_ref(),
+            );
         }
         for p in self.peers.iter().filter(|p| p.store == b.store) {
             let loops = (Some(&p.uncontended), None);
@@ -60,11 +66,6 @@ fn row(
     let one = one.map(|l| Against(l, &b.floor));
     let many = many.map(|l| Against(l, &b.floor_parallel));
     write_row(s, b, name, (one, many), c);
-}
-
-/// The fair queue's line: its single-task loop against its own floor.
-fn fair_row(s: &mut String, b: &BackendReport, one: Option<Against>, c: Option<&ContendedResult>) {
-    write_row(s, b, "moltlock fair", (one, None), c);
 }
 
 fn write_row(

@@ -166,29 +166,32 @@ impl Core {
     /// Deletes `owner`'s hold of `key` (and its description), keeping its
     /// fair-queue place, if it has one.
     pub(crate) async fn give_back(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        let k = self.keys.lock(key);
-        self.written.forget(&k);
-        let txn = Txn::new()
-            .when([Compare::value(k.clone(), CompareOp::Equal, owner.as_str())])
-            .and_then([
-                TxnOp::delete(k, None),
-                TxnOp::delete(self.keys.info(key), None),
-            ]);
-        Ok(self.io.txn(txn).await.map_err(map)?.succeeded())
+        self.delete_owned(key, owner, false).await
     }
 
     async fn release_once(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        self.delete_owned(key, owner, true).await
+    }
+
+    /// Deletes `owner`'s hold of `key` and its description, and with
+    /// `place` its fair-queue place too (held or not).
+    async fn delete_owned(&self, key: &LockKey, owner: &Token, place: bool) -> Result<bool, Error> {
         let k = self.keys.lock(key);
         self.written.forget(&k);
-        let entry = self.keys.queue_entry(key, owner);
+        let mut held = vec![
+            TxnOp::delete(k.clone(), None),
+            TxnOp::delete(self.keys.info(key), None),
+        ];
+        let mut not_held = Vec::new();
+        if place {
+            let entry = self.keys.queue_entry(key, owner);
+            held.push(TxnOp::delete(entry.clone(), None));
+            not_held.push(TxnOp::delete(entry, None));
+        }
         let txn = Txn::new()
-            .when([Compare::value(k.clone(), CompareOp::Equal, owner.as_str())])
-            .and_then([
-                TxnOp::delete(k, None),
-                TxnOp::delete(entry.clone(), None),
-                TxnOp::delete(self.keys.info(key), None),
-            ])
-            .or_else([TxnOp::delete(entry, None)]);
+            .when([Compare::value(k, CompareOp::Equal, owner.as_str())])
+            .and_then(held)
+            .or_else(not_held);
         Ok(self.io.txn(txn).await.map_err(map)?.succeeded())
     }
 
