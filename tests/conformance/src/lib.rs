@@ -58,6 +58,11 @@
 //! liveness bound was missed), is run again, up to [`ATTEMPTS`] times. A case that
 //! stays inconclusive fails with a message that says so: the suite never
 //! passes a case it could not judge, and never blames a backend for a stall.
+//! The self-tests hold every case to more: each broken backend must fail
+//! its cases outright, not only as slow or inconclusive. A liveness case
+//! tells the two apart by asking the store itself: it reads the end of a
+//! hold the store reports, or probes the store while it waits, and blames
+//! the store only when it answered every probe promptly.
 
 pub mod broken;
 pub mod cases;

@@ -333,3 +333,34 @@ pub(super) async fn free_after_late_writes(
     }
     Ok(Outcome::Passed)
 }
+
+/// The longest a store may take to answer a probe of
+/// [`ends_while_the_store_answers`] and still count as answering.
+pub(super) const PROMPT: Duration = Duration::from_millis(500);
+
+/// Waits up to `patience` more for `task` while probing the store on a
+/// key of its own every 100 ms: its result, or `None` when it is still
+/// running at the end although every probe was answered within
+/// [`PROMPT`] (the store's doing, not load's). A probe answered late is an
+/// error that starts with [`SLOW`].
+pub(super) async fn ends_while_the_store_answers<T>(
+    b: &Arc<dyn Backend>,
+    task: &mut tokio::task::JoinHandle<T>,
+    patience: Duration,
+) -> Result<Option<Result<T, tokio::task::JoinError>>, String> {
+    let until = Instant::now() + patience;
+    let probe = key("probe");
+    while Instant::now() < until {
+        if task.is_finished() {
+            return Ok(Some(task.await));
+        }
+        let sent = Instant::now();
+        is_free(b, &probe, short_ttl(b)).await?;
+        let took = sent.elapsed();
+        if took > PROMPT {
+            return Err(format!("{SLOW}: the store took {took:?} to answer a probe"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(None)
+}

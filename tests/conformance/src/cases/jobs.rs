@@ -22,9 +22,17 @@ pub async fn job_at_least_blocks_after_an_early_release(f: Factory) -> CaseResul
     let opts = LockOptions::new().at_least(least);
     let g = m.acquire(&k, opts).await.map_err(err)?;
     let g = g.ok_or("no guard for a waiting acquire")?;
+    // The manager counts the at-least time from its acquire request, sent
+    // by now.
+    let granted = Instant::now();
     tokio::time::sleep_until(asked + least.mul_f64(0.9)).await;
+    let release_sent = Instant::now();
     g.release().await.map_err(err)?;
+    // The throwaway hold starts when the release reaches the store, by now
+    // at the latest.
+    let latest_end = granted + least + release_sent.elapsed() + REPORT_SLACK;
     let other = f.open().await?;
+    ends_by(&other, &k, ttl, latest_end, least).await?;
     let mut freed = None;
     let slack = b.limits().min_ttl + EXPIRY_SLACK;
     while Instant::now() < asked + least + slack {
@@ -44,6 +52,36 @@ pub async fn job_at_least_blocks_after_an_early_release(f: Factory) -> CaseResul
         freed - asked
     );
     Ok(Outcome::Passed)
+}
+
+/// How far past the at-least time a store's own report of a throwaway
+/// hold's end may be (its rounding and clock rate).
+const REPORT_SLACK: Duration = Duration::from_millis(150);
+
+/// Where the store reports how long the key stays held (a probe that finds
+/// it held), the hold ends by `latest_end`: a hold that kept the job's own
+/// expiry, or a lease kept alive by another hold, reports more. The
+/// store's own report: a slow store or machine only makes it smaller.
+async fn ends_by(
+    b: &Arc<dyn Backend>,
+    k: &str,
+    ttl: Duration,
+    latest_end: Instant,
+    least: Duration,
+) -> Result<(), String> {
+    let sent = Instant::now();
+    let Some(held) = holder_of(b, k, ttl).await? else {
+        return Ok(());
+    };
+    if let Some(left) = held.expires_in {
+        ensure!(
+            sent + left <= latest_end,
+            "after an early release the store reports the key held {:?} past its at-least \
+             time of {least:?}: the throwaway hold did not end with what was left",
+            (sent + left) - latest_end
+        );
+    }
+    Ok(())
 }
 
 /// A job past its `at_most` time is stopped: `lost()` fires with
