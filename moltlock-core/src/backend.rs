@@ -32,6 +32,14 @@ pub struct Limits {
     /// token's hold for at least this long, so a late write leaves no
     /// orphan.
     pub late_write: Duration,
+    /// Whether a [`Backend::delete`] takes effect before any request the
+    /// same backend handle sends after the delete's future was first
+    /// polled (one connection that carries requests in the order they were
+    /// queued, as a Redis client's). The manager then wakes a waiter of its
+    /// own as soon as it has sent a release, so the waiter's attempt
+    /// follows the release on the wire instead of a round trip later. A
+    /// wrong claim costs that waiter an attempt, never safety.
+    pub in_order: bool,
 }
 
 impl Default for Limits {
@@ -47,6 +55,7 @@ impl Limits {
             min_ttl: crate::MIN_TTL,
             max_key_len: crate::MAX_KEY_LEN,
             late_write: DEFAULT_LATE_WRITE,
+            in_order: false,
         }
     }
 
@@ -68,13 +77,22 @@ impl Limits {
         self
     }
 
+    /// Declares whether a delete takes effect before the requests sent
+    /// after it (see [`Limits::in_order`]).
+    pub const fn with_in_order(mut self, in_order: bool) -> Self {
+        self.in_order = in_order;
+        self
+    }
+
     /// The limits both `self` and `other` meet: the larger minimum TTL and
-    /// late-write bound, the shorter key.
+    /// late-write bound, the shorter key; not in order (requests to two
+    /// stores are not one ordered stream).
     pub fn both(self, other: Self) -> Self {
         Self {
             min_ttl: self.min_ttl.max(other.min_ttl),
             max_key_len: self.max_key_len.min(other.max_key_len),
             late_write: self.late_write.max(other.late_write),
+            in_order: false,
         }
     }
 }

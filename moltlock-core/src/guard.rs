@@ -172,6 +172,12 @@ impl LockGuard {
         self.inner.release(&self.hold);
         crate::ask::forget(&self.inner.backend, &self.hold);
         let _told = self.inner.queues.told_at_end(&self.hold.key);
+        // A hold cut to what is left of its at-least time keeps the key
+        // blocked: nobody to tell early.
+        if self.inner.backend.limits().in_order && self.hold.at_least_left().is_none() {
+            let queues = &self.inner.queues;
+            return queues.told_once_sent(&self.hold.key, self.delete()).await;
+        }
         self.delete().await
     }
 

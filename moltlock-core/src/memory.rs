@@ -132,6 +132,11 @@ impl Backend for MemoryBackend {
         "memory"
     }
 
+    /// Every request takes effect when first polled: in order.
+    fn limits(&self) -> crate::Limits {
+        crate::Limits::new().with_in_order(true)
+    }
+
     crate::hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence, CasMulti);
 }
 

@@ -85,6 +85,28 @@ impl Queues {
         ToldAtEnd { queues: self, key }
     }
 
+    /// Runs `release` (a delete of `key`) and tells `key`'s head once the
+    /// delete has been sent: its first poll has returned, so on a backend
+    /// whose requests are in order ([`Limits::in_order`](crate::Limits))
+    /// the head's attempt follows the delete instead of a round trip later.
+    pub(crate) async fn told_once_sent<T>(
+        &self,
+        key: &LockKey,
+        release: impl Future<Output = T>,
+    ) -> T {
+        let mut release = std::pin::pin!(release);
+        let mut sent = false;
+        std::future::poll_fn(|cx| {
+            let out = release.as_mut().poll(cx);
+            if out.is_pending() && !sent {
+                sent = true;
+                self.freed(key);
+            }
+            out
+        })
+        .await
+    }
+
     /// How many keys have waiters now.
     #[cfg(test)]
     fn len(&self) -> usize {

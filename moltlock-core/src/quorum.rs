@@ -385,7 +385,8 @@ impl Backend for QuorumBackend {
     fn limits(&self) -> Limits {
         let mut all = self.members.iter().map(|m| m.limits());
         let first = all.next().unwrap_or_default();
-        all.fold(first, Limits::both)
+        // The members are asked in tasks of their own, in no order.
+        all.fold(first, Limits::both).with_in_order(false)
     }
 
     /// The earliest of the members' bounds that could belong to this

@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use moltlock_core::{
-    async_trait, Backend, CasMulti, CasOutcome, Error, Forward, LockKey, LockManager,
+    async_trait, Backend, CasMulti, CasOutcome, Error, Forward, Limits, LockKey, LockManager,
     MemoryBackend, RetryPolicy, Token,
 };
-use tokio::time::sleep;
+use tokio::time::{sleep, Instant};
 
 const TTL: Duration = Duration::from_secs(3);
 
@@ -65,7 +65,10 @@ fn untimed(backend: impl Backend) -> LockManager {
 }
 
 /// Deletes only after a pause, so a release can be dropped before the
-/// store answers.
+/// store answers. It keeps the memory store's claim that its requests are
+/// in order, which the pause makes wrong: a head woken as the release is
+/// sent finds the key still held, and the end of the release wakes it
+/// again.
 #[derive(Clone, Default)]
 struct SlowDelete(MemoryBackend);
 
@@ -81,6 +84,71 @@ impl Forward for SlowDelete {
         sleep(Duration::from_millis(50)).await;
         self.0.delete(key, owner).await
     }
+}
+
+/// Deletes at once but answers only after a pause (a reply on its way
+/// back), declaring its requests in order or not.
+#[derive(Clone, Default)]
+struct SlowReply {
+    store: MemoryBackend,
+    unordered: bool,
+}
+
+#[async_trait]
+impl Forward for SlowReply {
+    type Inner = MemoryBackend;
+
+    fn inner(&self) -> &MemoryBackend {
+        &self.store
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        let deleted = self.store.delete(key, owner).await;
+        sleep(Duration::from_millis(50)).await;
+        deleted
+    }
+
+    fn limits(&self) -> Limits {
+        self.store.limits().with_in_order(!self.unordered)
+    }
+}
+
+/// When the next waiter got the key, and when its manager's release that
+/// freed the key returned.
+async fn handed_on(backend: SlowReply) -> (Instant, Instant) {
+    let mgr = untimed(backend);
+    let first = mgr.lock("k").await.unwrap();
+    let waiter = mgr.clone();
+    let next = tokio::spawn(async move {
+        let guard = waiter.lock("k").await.unwrap();
+        (Instant::now(), guard)
+    });
+    sleep(Duration::from_millis(10)).await;
+    first.release().await.unwrap();
+    let released = Instant::now();
+    let (got, guard) = next.await.unwrap();
+    guard.release().await.unwrap();
+    (got, released)
+}
+
+/// On a backend whose requests are in order, a release wakes the next
+/// waiter of its manager as soon as it is sent: the waiter's attempt
+/// follows the delete, and it holds the key before the release's reply is
+/// back. Without the claim it asks only once the reply is in.
+#[tokio::test(start_paused = true)]
+async fn an_in_order_release_wakes_the_next_waiter_once_sent() {
+    let (got, released) = handed_on(SlowReply::default()).await;
+    assert!(
+        got + Duration::from_millis(40) <= released,
+        "the waiter got the key {:?} after the release returned",
+        got.saturating_duration_since(released)
+    );
+    let unordered = SlowReply {
+        unordered: true,
+        ..SlowReply::default()
+    };
+    let (got, released) = handed_on(unordered).await;
+    assert!(got >= released, "an unordered store's waiter asked early");
 }
 
 #[tokio::test(start_paused = true)]

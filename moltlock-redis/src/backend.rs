@@ -80,7 +80,7 @@ impl RedisBackend {
         cfg.check()?;
         let clients = conn::clients(&cfg)?;
         let conn = conn::connect(&cfg, &clients).await?;
-        Ok(Self::assemble(cfg, clients, conn))
+        Ok(Self::assemble(cfg, clients, conn).cache_release().await)
     }
 
     /// A backend over the application's own client (one server): its
@@ -105,7 +105,7 @@ impl RedisBackend {
         }
         let clients = vec![client];
         let conn = conn::connect(&cfg, &clients).await?;
-        Ok(Self::assemble(cfg, clients, conn))
+        Ok(Self::assemble(cfg, clients, conn).cache_release().await)
     }
 
     /// A backend over the application's own Redis Cluster client: lock
@@ -176,6 +176,41 @@ impl RedisBackend {
     ) -> Result<T, Error> {
         let mut conn = self.inner.conn.clone();
         self.timed(lua.run(&mut conn, keys, args)).await
+    }
+
+    /// The release script for the stored lock key `lock` and `owner`:
+    /// 1 when it deleted the hold.
+    async fn release(&self, lock: &str, owner: &str) -> Result<i64, Error> {
+        let (info, wait) = (Layout::beside(lock, INFO), Layout::beside(lock, WAIT));
+        let (turns, next) = Layout::turns(lock);
+        let queue = Layout::queue_of(lock);
+        let turn = millis(TURN);
+        self.script(
+            &RELEASE,
+            &[lock, &info, &wait, &turns, &next, &queue],
+            &[owner, Layout::channel_of(lock), &turn],
+        )
+        .await
+    }
+
+    /// Caches the release script on the server (one server only), so a
+    /// release is one `EVALSHA` from the first: a `NOSCRIPT` reply would
+    /// send it again as `EVAL` behind the requests sent after it, and
+    /// releases are in order ([`Limits::in_order`]) only while the script
+    /// is cached. The release of a key nobody holds changes nothing; a
+    /// failure here shows again at the first real request.
+    async fn cache_release(self) -> Self {
+        if self.inner.cfg.mode != Mode::Single {
+            return self;
+        }
+        let Ok(key) = LockKey::new("moltlock-release-script") else {
+            return self;
+        };
+        let lock = self.inner.layout.lock(&key);
+        if let Err(e) = self.release(&lock, "-").await {
+            tracing::debug!(error = %e, "the release script was not cached at connect");
+        }
+        self
     }
 
     /// Bounds a request by the command timeout and maps its error.
@@ -342,17 +377,8 @@ impl Backend for RedisBackend {
     /// key's release channel when a waiter marked the key.
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
         key.check_len(LIMITS.max_key_len)?;
-        let lock = self.inner.layout.lock(key);
-        let (info, wait) = (Layout::beside(&lock, INFO), Layout::beside(&lock, WAIT));
-        let (turns, next) = Layout::turns(&lock);
-        let queue = Layout::queue_of(&lock);
-        let turn = millis(TURN);
-        let done: i64 = self
-            .script(
-                &RELEASE,
-                &[&lock, &info, &wait, &turns, &next, &queue],
-                &[owner.as_str(), Layout::channel_of(&lock), &turn],
-            )
+        let done = self
+            .release(&self.inner.layout.lock(key), owner.as_str())
             .await?;
         Ok(done == 1)
     }
@@ -365,8 +391,12 @@ impl Backend for RedisBackend {
         (self.inner.cfg.mode == Mode::Single).then_some(&self.inner.clock)
     }
 
+    /// One server's requests share one connection, in order (the release
+    /// script is cached at connect; after a restart that flushed it, one
+    /// release may land behind the request sent after it: a wasted
+    /// attempt, not a safety matter); a cluster's go to several.
     fn limits(&self) -> Limits {
-        LIMITS
+        LIMITS.with_in_order(self.inner.cfg.mode == Mode::Single)
     }
 
     hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence, FairQueue, CasMulti, Turns);

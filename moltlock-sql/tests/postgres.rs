@@ -17,7 +17,7 @@ fn pg() -> moltlock_conformance::Factory {
     })
 }
 
-moltlock_conformance::conformance_tests!(pg());
+moltlock_conformance::conformance_tests!(pg(), without: [in_order]);
 
 #[tokio::test]
 async fn table_and_schema_names_are_validated() {

@@ -38,7 +38,7 @@ fn mixed() -> moltlock_conformance::Factory {
 
 moltlock_conformance::conformance_tests!(
     mixed(),
-    without: [watch, fair_queue, cas_multi]
+    without: [watch, fair_queue, cas_multi, in_order]
 );
 
 #[tokio::test]

@@ -20,5 +20,5 @@ fn files() -> moltlock_conformance::Factory {
 
 moltlock_conformance::conformance_tests!(
     files(),
-    without: [watch, inspect, fair_queue, raise_fence, describe, cas_multi]
+    without: [watch, inspect, fair_queue, raise_fence, describe, cas_multi, in_order]
 );

@@ -51,6 +51,7 @@ macro_rules! case {
     (@need raise_fence) => { Some(Need::RaiseFence) };
     (@need describe) => { Some(Need::Describe) };
     (@need cas_multi) => { Some(Need::CasMulti) };
+    (@need in_order) => { Some(Need::InOrder) };
     ($name:ident, $point:literal, $group:ident) => {
         Case {
             name: stringify!($name),
@@ -168,6 +169,9 @@ macro_rules! __cases {
                 cas_multi_all_takes_nothing_when_one_is_held: "11 multi-locks, cas_multi",
                 cas_multi_all_is_never_seen_partial: "11 multi-locks, cas_multi",
                 cas_multi_any_takes_the_first_free: "9 semaphores, cas_multi, 3 expiry",
+            ],
+            in_order: [
+                delete_lands_before_a_later_attempt: "2 owner checks, in order",
             ],
         }
     };

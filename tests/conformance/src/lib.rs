@@ -161,21 +161,26 @@ pub enum Need {
     Describe,
     /// Taking several keys in one request ([`Backend::batch_cas`]).
     CasMulti,
+    /// A delete that takes effect before the requests sent after it
+    /// ([`moltlock_core::Limits::in_order`]).
+    InOrder,
 }
 
 impl Need {
     /// Every optional capability.
-    pub const ALL: [Need; 6] = [
+    pub const ALL: [Need; 7] = [
         Need::Watch,
         Need::Inspect,
         Need::FairQueue,
         Need::RaiseFence,
         Need::Describe,
         Need::CasMulti,
+        Need::InOrder,
     ];
 
     /// The name used in `conformance_tests!(…, without: [...])`, which is
-    /// also the extension's name in [`moltlock_core::extension::extensions`].
+    /// also the extension's name in [`moltlock_core::extension::extensions`]
+    /// (`in_order` is a property of [`Backend::limits`], not an extension).
     pub fn name(self) -> &'static str {
         match self {
             Need::Watch => "watch",
@@ -184,6 +189,7 @@ impl Need {
             Need::RaiseFence => "raise_fence",
             Need::Describe => "describe",
             Need::CasMulti => "cas_multi",
+            Need::InOrder => "in_order",
         }
     }
 
@@ -196,6 +202,7 @@ impl Need {
             Need::RaiseFence => backend.fence_raiser().is_some(),
             Need::Describe => backend.describer().is_some(),
             Need::CasMulti => backend.batch_cas().is_some(),
+            Need::InOrder => backend.limits().in_order,
         }
     }
 
@@ -208,6 +215,7 @@ impl Need {
             Need::RaiseFence => "the backend declares no raise_fence",
             Need::Describe => "the backend declares no holder descriptions",
             Need::CasMulti => "the backend declares no cas_multi",
+            Need::InOrder => "the backend does not declare its requests in order",
         }
     }
 }
@@ -408,10 +416,11 @@ macro_rules! conformance_tests {
     (@known raise_fence) => {};
     (@known describe) => {};
     (@known cas_multi) => {};
+    (@known in_order) => {};
     (@known $other:ident) => {
         compile_error!(concat!(
             "conformance_tests!: unknown capability `", stringify!($other),
-            "`; the optional ones are watch, inspect, fair_queue, raise_fence, describe and cas_multi"
+            "`; the optional ones are watch, inspect, fair_queue, raise_fence, describe, cas_multi and in_order"
         ));
     };
     (@gate $f:expr; watch; [$($w:ident)*]; $names:tt) => {
@@ -444,6 +453,11 @@ macro_rules! conformance_tests {
             { @ignored $f; "the backend declares no cas_multi"; $names };
             { @run $f; $names });
     };
+    (@gate $f:expr; in_order; [$($w:ident)*]; $names:tt) => {
+        $crate::conformance_tests!(@find in_order; [$($w)*];
+            { @ignored $f; "the backend does not declare its requests in order"; $names };
+            { @run $f; $names });
+    };
     (@find watch; [watch $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
         $crate::conformance_tests!($($yes)*);
     };
@@ -460,6 +474,9 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!($($yes)*);
     };
     (@find cas_multi; [cas_multi $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
+        $crate::conformance_tests!($($yes)*);
+    };
+    (@find in_order; [in_order $($r:ident)*]; {$($yes:tt)*}; $no:tt) => {
         $crate::conformance_tests!($($yes)*);
     };
     (@find $cap:ident; [$other:ident $($r:ident)*]; $yes:tt; $no:tt) => {

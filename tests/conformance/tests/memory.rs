@@ -28,7 +28,7 @@ mod migrating_both {
         })
     }
 
-    moltlock_conformance::conformance_tests!(both(), without: [fair_queue, cas_multi]);
+    moltlock_conformance::conformance_tests!(both(), without: [fair_queue, cas_multi, in_order]);
 }
 
 /// The suite again over a quorum of three memory stores: each client is a
@@ -55,7 +55,7 @@ mod quorum_of_three {
 
     moltlock_conformance::conformance_tests!(
         quorum(),
-        without: [watch, fair_queue, cas_multi]
+        without: [watch, fair_queue, cas_multi, in_order]
     );
 }
 

@@ -59,6 +59,7 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
         ],
         Flaw::HandOverKeepsFence => &["hand_over_gives_a_fresh_fence"],
         Flaw::HandOverKeepsExpiry => &["job_at_least_blocks_after_an_early_release"],
+        Flaw::DeleteLandsLate => &["delete_lands_before_a_later_attempt"],
         Flaw::DeleteIgnoresExpiry => &["delete_of_expired_hold_reports_false"],
         Flaw::DeleteAlwaysTrue => &[
             "release_with_foreign_token_changes_nothing",
@@ -185,6 +186,7 @@ catches! {
     catches_takeover_keeping_old_token: TakeoverKeepsOldToken,
     catches_hand_over_keeping_fence: HandOverKeepsFence,
     catches_hand_over_keeping_expiry: HandOverKeepsExpiry,
+    catches_delete_landing_late: DeleteLandsLate,
     catches_delete_ignoring_expiry: DeleteIgnoresExpiry,
     catches_delete_always_reporting_success: DeleteAlwaysTrue,
     catches_per_client_fence_blocks: PerClientFenceBlocks,
@@ -294,6 +296,7 @@ async fn stamping_must_match_declared_capabilities() {
         "raise_fence",
         "describe",
         "cas_multi",
+        "in_order",
     ];
     assert_eq!(check_stamping(bare(), &all).await, Ok(()));
     let err = check_stamping(bare(), &["inspect"]).await.unwrap_err();
@@ -310,7 +313,7 @@ async fn stamping_must_match_declared_capabilities() {
 mod bare_backend {
     moltlock_conformance::conformance_tests!(
         super::bare(),
-        without: [watch, inspect, fair_queue, raise_fence, describe, cas_multi]
+        without: [watch, inspect, fair_queue, raise_fence, describe, cas_multi, in_order]
     );
 }
 

@@ -99,6 +99,9 @@ impl Backend for Flawed {
     }
 
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        if self.has(Flaw::DeleteLandsLate) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let now = Instant::now();
         let mut nk = self.norm(key.as_str());
         if self.has(Flaw::DeleteMissesKey) {
@@ -120,6 +123,12 @@ impl Backend for Flawed {
 
     fn name(&self) -> &'static str {
         "flawed"
+    }
+
+    /// Every request takes effect when first polled (but for the flaws
+    /// that delay one): in order.
+    fn limits(&self) -> moltlock_core::Limits {
+        moltlock_core::Limits::new().with_in_order(true)
     }
 
     moltlock_core::hand_out!(Watch, Inspect, RenewMany, Describe, RaiseFence, FairQueue);

@@ -37,6 +37,9 @@ pub enum Flaw {
     HandOverKeepsFence,
     /// `cas(Some(a), b)` keeps `a`'s expiry instead of now + TTL.
     HandOverKeepsExpiry,
+    /// Declares its requests in order, but `delete` yields before it takes
+    /// effect: a request sent after it lands first.
+    DeleteLandsLate,
     /// `delete` compares the owner but not the expiry: deleting one's own
     /// expired hold reports success.
     DeleteIgnoresExpiry,
@@ -157,6 +160,7 @@ impl Flaw {
         Flaw::TakeoverKeepsOldToken,
         Flaw::HandOverKeepsFence,
         Flaw::HandOverKeepsExpiry,
+        Flaw::DeleteLandsLate,
         Flaw::DeleteIgnoresExpiry,
         Flaw::DeleteAlwaysTrue,
         Flaw::PerClientFenceBlocks,

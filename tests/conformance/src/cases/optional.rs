@@ -322,3 +322,46 @@ pub async fn inspect_reports_holder(f: Factory) -> CaseResult {
     ensure!(info.is_none(), "inspect reports a holder after release");
     Ok(Outcome::Passed)
 }
+
+/// A backend that declares its requests in order
+/// ([`Limits::in_order`](moltlock_core::Limits)) applies a delete before an
+/// attempt the same handle sends after the delete's future was first
+/// polled: the attempt takes the key the delete freed. A manager relies on
+/// it to wake its own waiter as soon as it has sent a release.
+pub async fn delete_lands_before_a_later_attempt(f: Factory) -> CaseResult {
+    use std::future::Future;
+
+    let b = f.open().await?;
+    let k = key("in-order");
+    let lk: moltlock_core::LockKey = k.parse().map_err(err)?;
+    for round in 0..20 {
+        let (owner, _) = raw_acquire(&b, &k, LONG).await?;
+        let mut delete = std::pin::pin!(b.delete(&lk, &owner));
+        let sent =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(delete.as_mut().poll(cx))).await;
+        let next = Token::random();
+        let attempt = b.cas(&lk, None, &next, LONG).await.map_err(err);
+        let deleted = match sent {
+            std::task::Poll::Ready(done) => done,
+            std::task::Poll::Pending => delete.await,
+        };
+        ensure!(
+            deleted.map_err(err)?,
+            "round {round}: the delete did not find its own hold"
+        );
+        match attempt? {
+            CasOutcome::Acquired { .. } => {
+                b.delete(&lk, &next).await.map_err(err)?;
+            }
+            CasOutcome::Held(h) => {
+                return Err(format!(
+                    "round {round}: an attempt sent after a delete found the key still held \
+                     (by {:?}): the backend declares its requests in order, but applied the \
+                     delete after the attempt",
+                    h.holder
+                ))
+            }
+        }
+    }
+    Ok(Outcome::Passed)
+}
