@@ -38,7 +38,10 @@ pub struct Limits {
     /// queued, as a Redis client's). The manager then wakes a waiter of its
     /// own as soon as it has sent a release, so the waiter's attempt
     /// follows the release on the wire instead of a round trip later. A
-    /// wrong claim costs that waiter an attempt, never safety.
+    /// wrong claim, or a delete that was not yet sent at its first poll
+    /// (a client reconnecting, a full send queue), costs that waiter an
+    /// attempt, never safety: the end of the release wakes it again. A
+    /// [`Forward`](crate::Forward) wrapper passes the inner claim on.
     pub in_order: bool,
 }
 

@@ -100,7 +100,10 @@ pub trait Forward: Send + Sync + 'static {
         self.inner().name()
     }
 
-    /// As [`Backend::limits`]; forwards by default.
+    /// As [`Backend::limits`]; forwards by default, with the inner
+    /// store's [`Limits::in_order`] claim, which a wrapper whose delete
+    /// awaits anything before the inner one's first poll makes wrong (at
+    /// the cost of an attempt per release, see there).
     fn limits(&self) -> Limits {
         self.inner().limits()
     }

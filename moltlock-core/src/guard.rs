@@ -173,8 +173,12 @@ impl LockGuard {
         crate::ask::forget(&self.inner.backend, &self.hold);
         let _told = self.inner.queues.told_at_end(&self.hold.key);
         // A hold cut to what is left of its at-least time keeps the key
-        // blocked: nobody to tell early.
-        if self.inner.backend.limits().in_order && self.hold.at_least_left().is_none() {
+        // blocked, and a lost one may be someone else's now: nobody to
+        // tell early.
+        let live = self.hold.snapshot().lost.is_none()
+            && tokio::time::Instant::now() < self.hold.valid_until();
+        let early = live && self.hold.at_least_left().is_none();
+        if early && self.inner.backend.limits().in_order {
             let queues = &self.inner.queues;
             return queues.told_once_sent(&self.hold.key, self.delete()).await;
         }

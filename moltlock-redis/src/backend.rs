@@ -69,6 +69,10 @@ impl std::fmt::Debug for RedisBackend {
 impl RedisBackend {
     /// Connects with `cfg`.
     ///
+    /// On one server it then caches the release script (one request,
+    /// bounded by the request timeout; a failure there is left to the
+    /// first release).
+    ///
     /// # Errors
     /// [`Error::Unavailable`] when no server answers within the connect
     /// timeout, [`Error::Auth`] for refused credentials, [`Error::Config`]

@@ -23,6 +23,13 @@ fn three() -> (Vec<MemoryBackend>, Vec<Partition>, LockManager) {
         MemoryBackend::new(),
         MemoryBackend::new(),
     ];
+    let (cuts, quorum) = behind_switches(&stores);
+    let mgr = LockManager::builder(quorum).ttl(TTL).build().unwrap();
+    (stores, cuts, mgr)
+}
+
+/// A quorum over `stores`, each behind a partition switch.
+fn behind_switches(stores: &[MemoryBackend]) -> (Vec<Partition>, QuorumBackend) {
     let cuts: Vec<Partition> = stores
         .iter()
         .map(|s| Partition::new(Arc::new(s.clone())))
@@ -31,9 +38,7 @@ fn three() -> (Vec<MemoryBackend>, Vec<Partition>, LockManager) {
         .iter()
         .map(|c| Arc::new(c.clone()) as Arc<dyn Backend>)
         .collect();
-    let quorum = QuorumBackend::new(members).unwrap();
-    let mgr = LockManager::builder(quorum).ttl(TTL).build().unwrap();
-    (stores, cuts, mgr)
+    (cuts, QuorumBackend::new(members).unwrap())
 }
 
 async fn holds(store: &MemoryBackend, key: &str) -> bool {
@@ -313,4 +318,50 @@ async fn inspect_with_a_silent_member_looks_once() {
     assert!(took < Duration::from_millis(400), "one look took {took:?}");
     cuts[2].heal();
     guard.release().await.unwrap();
+}
+
+/// The second look of an inspection hears fewer members of the hold than
+/// the first (D, whose grant carried the largest fence, fell silent in
+/// between): the fence reported stays the one the acquisition returned,
+/// not the largest of the members still answering. E, held by another
+/// token, is what makes the first look doubt.
+#[tokio::test(start_paused = true)]
+async fn inspect_whose_second_look_hears_fewer_keeps_the_fence() {
+    let stores: Vec<MemoryBackend> = (0..5).map(|_| MemoryBackend::new()).collect();
+    let key = LockKey::new("k").unwrap();
+    stores[3]
+        .raise_fence(&key, moltlock_core::Fence(1000))
+        .await
+        .unwrap();
+    let other = moltlock_core::Token::random();
+    stores[4]
+        .cas(&key, None, &other, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let (cuts, quorum) = behind_switches(&stores);
+    let mgr = LockManager::builder(quorum.clone())
+        .ttl(TTL)
+        .build()
+        .unwrap();
+    let guard = mgr.lock("k").await.unwrap();
+    assert!(
+        guard.fence() > moltlock_core::Fence(1000),
+        "D did not count"
+    );
+    let looking = tokio::spawn(async move { quorum.inspect(&key).await });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    cuts[3].cut();
+    let seen = looking.await.unwrap().unwrap().expect("a holder");
+    assert_eq!(seen.holder, guard.token().clone());
+    assert_eq!(
+        seen.fence,
+        Some(guard.fence()),
+        "the fence of fewer members"
+    );
+    cuts[3].heal();
+    guard.release().await.unwrap();
+    stores[4]
+        .delete(&LockKey::new("k").unwrap(), &other)
+        .await
+        .unwrap();
 }

@@ -362,5 +362,8 @@ pub(super) async fn ends_while_the_store_answers<T>(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    if task.is_finished() {
+        return Ok(Some(task.await));
+    }
     Ok(None)
 }
