@@ -1,5 +1,6 @@
 //! A lock over N stores, of any kinds: held when a majority of them hold it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,6 +53,12 @@ pub struct QuorumBackend {
     clock: Arc<StoreClock>,
     /// The listeners on the members' clocks (held, as clocks keep weak ones).
     _relays: Vec<Arc<StepListener>>,
+    /// Per member: its last acquire reply was an error (it is down or cut
+    /// off). Once a majority answered, a request waits for such a member
+    /// only [`STRAGGLE`] more: a dead member answers only after its
+    /// client's reconnect attempts, and contenders whose votes split over
+    /// the live ones would each wait that long, round after round.
+    failing: Arc<[AtomicBool]>,
 }
 
 impl std::fmt::Debug for QuorumBackend {
@@ -99,11 +106,13 @@ impl QuorumBackend {
             .filter_map(|m| m.store_clock())
             .map(|member_clock| StoreClock::relay(&clock, member_clock))
             .collect();
+        let failing = members.iter().map(|_| AtomicBool::new(false)).collect();
         Ok(Self {
             members,
             drift: DEFAULT_DRIFT,
             clock,
             _relays: relays,
+            failing,
         })
     }
 
@@ -152,21 +161,30 @@ impl QuorumBackend {
     /// Once a majority granted, the members still answering get
     /// [`STRAGGLE`] more (within `until`) when `straggle` is set: what they
     /// grant counts too, so the hold lives on more than a bare majority.
+    /// Once a majority answered and only failing members are left, they
+    /// get [`STRAGGLE`] more too.
     async fn count(&self, set: &mut JoinSet<Reply>, until: Instant, straggle: bool) -> Tally {
         let mut tally = Tally::default();
         let need = self.majority();
         let mut until = until;
+        let mut answered = vec![false; self.members.len()];
         loop {
             let won = tally.granted.len() >= need;
             if (won && !straggle) || self.members.len() - tally.refusals() < need {
                 break;
             }
-            if won && until > Instant::now() + STRAGGLE {
+            if (won || self.only_failing_left(&answered)) && until > Instant::now() + STRAGGLE {
                 until = Instant::now() + STRAGGLE;
             }
             let Ok(Some(joined)) = tokio::time::timeout_at(until, set.join_next()).await else {
                 break;
             };
+            if let Ok((i, reply)) = &joined {
+                note_reply(&self.failing, *i, reply);
+                if let Some(seen) = answered.get_mut(*i) {
+                    *seen = true;
+                }
+            }
             match joined {
                 Ok((i, Ok(CasOutcome::Acquired { fence }))) => tally.granted.push((i, fence)),
                 Ok((_, Ok(CasOutcome::Held(held)))) => tally.held.push(held),
@@ -179,10 +197,22 @@ impl QuorumBackend {
         tally
     }
 
+    /// Whether a majority `answered` and every member yet to answer is
+    /// failing.
+    fn only_failing_left(&self, answered: &[bool]) -> bool {
+        let heard = answered.iter().filter(|a| **a).count();
+        heard >= self.majority()
+            && answered
+                .iter()
+                .zip(self.failing.iter())
+                .all(|(a, f)| *a || f.load(Ordering::Relaxed))
+    }
+
     /// Deletes by `token`, in the background, what the granting members
     /// took and what lands late.
     fn undo(&self, key: &LockKey, token: &Token, granted: &[(usize, Fence)], set: JoinSet<Reply>) {
         let members = self.members.clone();
+        let failing = self.failing.clone();
         let taken: Vec<usize> = granted.iter().map(|(i, _)| *i).collect();
         let (key, token) = (key.clone(), token.clone());
         let mut set = set;
@@ -195,6 +225,9 @@ impl QuorumBackend {
                 }
             }
             while let Some(joined) = set.join_next().await {
+                if let Ok((i, reply)) = &joined {
+                    note_reply(&failing, *i, reply);
+                }
                 if let Ok((i, Ok(CasOutcome::Acquired { .. }))) = joined {
                     if let Some(m) = members.get(i) {
                         let _ = m.delete(&key, &token).await;
@@ -250,6 +283,13 @@ impl QuorumBackend {
 }
 
 /// No majority of the members answered in time.
+/// Marks member `i` of `failing` when `reply` is an error, else clears it.
+fn note_reply(failing: &[AtomicBool], i: usize, reply: &Result<CasOutcome, Error>) {
+    if let Some(flag) = failing.get(i) {
+        flag.store(reply.is_err(), Ordering::Relaxed);
+    }
+}
+
 fn no_majority() -> Error {
     Error::Unavailable {
         backend: "quorum",

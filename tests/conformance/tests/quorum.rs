@@ -365,3 +365,86 @@ async fn inspect_whose_second_look_hears_fewer_keeps_the_fence() {
         .await
         .unwrap();
 }
+
+/// A member whose store is down: its client fails a request at once while
+/// `slow` is off, and only after 3 s (its reconnect attempts) while on.
+#[derive(Clone)]
+struct Down(MemoryBackend, Arc<std::sync::atomic::AtomicBool>);
+
+impl Down {
+    async fn refuse(&self) -> Error {
+        if self.1.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        Error::store("down", "connection refused", true)
+    }
+}
+
+#[moltlock_core::async_trait]
+impl Backend for Down {
+    async fn cas(
+        &self,
+        _key: &LockKey,
+        _expected: Option<&moltlock_core::Token>,
+        _new: &moltlock_core::Token,
+        _ttl: Duration,
+    ) -> Result<moltlock_core::CasOutcome, Error> {
+        Err(self.refuse().await)
+    }
+
+    async fn delete(&self, _key: &LockKey, _owner: &moltlock_core::Token) -> Result<bool, Error> {
+        Err(self.refuse().await)
+    }
+
+    fn inspector(&self) -> Option<&dyn Inspect> {
+        self.0.inspector()
+    }
+
+    fn fence_raiser(&self) -> Option<&dyn moltlock_core::RaiseFence> {
+        self.0.fence_raiser()
+    }
+}
+
+/// C is down. Once it has failed a request, an attempt that A and B have
+/// answered (split between two contenders: A held by the other, B granted)
+/// waits for C only briefly: a split vote costs a fraction of a second,
+/// not C's 3 s of reconnect attempts, round after round. Nothing the
+/// refused attempt took is left held.
+#[tokio::test(start_paused = true)]
+async fn a_split_vote_does_not_wait_for_a_member_known_down() {
+    let stores = [MemoryBackend::new(), MemoryBackend::new()];
+    let slow = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let members: Vec<Arc<dyn Backend>> = vec![
+        Arc::new(stores[0].clone()),
+        Arc::new(stores[1].clone()),
+        Arc::new(Down(MemoryBackend::new(), slow.clone())),
+    ];
+    let quorum = QuorumBackend::new(members).unwrap();
+    let key = LockKey::new("k").unwrap();
+    let ttl = Duration::from_secs(10);
+    let first = moltlock_core::Token::random();
+    let got = quorum.cas(&key, None, &first, ttl).await;
+    assert!(matches!(
+        got,
+        Ok(moltlock_core::CasOutcome::Acquired { .. })
+    ));
+    assert!(quorum.delete(&key, &first).await.unwrap());
+    let other = moltlock_core::Token::random();
+    stores[0].cas(&key, None, &other, ttl).await.unwrap();
+    slow.store(true, std::sync::atomic::Ordering::SeqCst);
+    let started = tokio::time::Instant::now();
+    let mine = moltlock_core::Token::random();
+    let got = quorum.cas(&key, None, &mine, ttl).await;
+    let took = started.elapsed();
+    assert!(
+        !matches!(got, Ok(moltlock_core::CasOutcome::Acquired { .. })),
+        "acquired on one member of three"
+    );
+    assert!(
+        took < Duration::from_secs(1),
+        "the split waited {took:?} for the member known down"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!holds(&stores[1], "k").await, "B's grant was left held");
+    stores[0].delete(&key, &other).await.unwrap();
+}
