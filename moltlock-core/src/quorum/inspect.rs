@@ -86,6 +86,18 @@ struct Look {
     found: Result<Option<HolderInfo>, Error>,
     agreeing: usize,
     doubt: bool,
+    /// The holders the members that answered reported, and how many
+    /// reported the key free.
+    answers: Vec<HolderInfo>,
+    free: usize,
+}
+
+impl Look {
+    /// How many members that answered deny `holder` the key: they report
+    /// it free or held by another.
+    fn denying(&self, holder: &crate::Token) -> usize {
+        self.free + self.answers.iter().filter(|a| &a.holder != holder).count()
+    }
 }
 
 impl QuorumBackend {
@@ -125,6 +137,8 @@ impl QuorumBackend {
             found,
             agreeing,
             doubt,
+            answers,
+            free,
         }
     }
 }
@@ -142,8 +156,9 @@ impl Inspect for QuorumBackend {
             return first.found;
         }
         tokio::time::sleep(SETTLE).await;
-        let again = self.look(key).await;
-        match (first.found, again.found) {
+        let mut again = self.look(key).await;
+        let found = std::mem::replace(&mut again.found, Ok(None));
+        match (first.found, found) {
             // The same hold: the look that heard more of its members tells
             // its fence (a grant seen first may have been undone since).
             (Ok(Some(before)), Ok(Some(mut now))) if before.holder == now.holder => {
@@ -151,6 +166,15 @@ impl Inspect for QuorumBackend {
                     now.fence = now.fence.max(before.fence);
                 }
                 Ok(Some(now))
+            }
+            // No majority the second time, but too few members deny the
+            // holder for it to have lost its majority: the rest are only
+            // silent (down or slow), and a hold stands until released or
+            // expired.
+            (Ok(Some(before)), Ok(None))
+                if again.denying(&before.holder) <= self.members.len() - self.majority() =>
+            {
+                Ok(Some(before))
             }
             (before, Err(_)) => before,
             (_, now) => now,

@@ -366,6 +366,73 @@ async fn inspect_whose_second_look_hears_fewer_keeps_the_fence() {
         .unwrap();
 }
 
+/// The second look of an inspection hears too few members to make a
+/// majority (C and D fell silent in between; E is held by another token,
+/// which makes the first look doubt), but only E denies the holder: the
+/// hold stands, and the inspection still reports it.
+#[tokio::test(start_paused = true)]
+async fn inspect_whose_second_look_loses_the_majority_keeps_the_holder() {
+    let stores: Vec<MemoryBackend> = (0..5).map(|_| MemoryBackend::new()).collect();
+    let key = LockKey::new("k").unwrap();
+    let other = moltlock_core::Token::random();
+    stores[4]
+        .cas(&key, None, &other, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let (cuts, quorum) = behind_switches(&stores);
+    let mgr = LockManager::builder(quorum.clone())
+        .ttl(TTL)
+        .build()
+        .unwrap();
+    let guard = mgr.lock("k").await.unwrap();
+    let looking = tokio::spawn(async move { quorum.inspect(&key).await });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    cuts[2].cut();
+    cuts[3].cut();
+    let seen = looking.await.unwrap().unwrap();
+    assert_eq!(
+        seen.map(|h| h.holder),
+        Some(guard.token().clone()),
+        "a hold two silent members still count for was reported gone"
+    );
+    cuts[2].heal();
+    cuts[3].heal();
+    guard.release().await.unwrap();
+    stores[4]
+        .delete(&LockKey::new("k").unwrap(), &other)
+        .await
+        .unwrap();
+}
+
+/// The same doubtful first look, then the holder releases before the second
+/// look: every member that answers denies it, and the inspection reports
+/// the key free.
+#[tokio::test(start_paused = true)]
+async fn inspect_whose_second_look_sees_the_release_reports_it() {
+    let stores: Vec<MemoryBackend> = (0..5).map(|_| MemoryBackend::new()).collect();
+    let key = LockKey::new("k").unwrap();
+    let other = moltlock_core::Token::random();
+    stores[4]
+        .cas(&key, None, &other, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let (_cuts, quorum) = behind_switches(&stores);
+    let mgr = LockManager::builder(quorum.clone())
+        .ttl(TTL)
+        .build()
+        .unwrap();
+    let guard = mgr.lock("k").await.unwrap();
+    let looking = tokio::spawn(async move { quorum.inspect(&key).await });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    guard.release().await.unwrap();
+    let seen = looking.await.unwrap().unwrap();
+    assert!(seen.is_none(), "a released hold was reported: {seen:?}");
+    stores[4]
+        .delete(&LockKey::new("k").unwrap(), &other)
+        .await
+        .unwrap();
+}
+
 /// A member whose store is down: its client fails a request at once while
 /// `slow` is off, and only after 3 s (its reconnect attempts) while on.
 #[derive(Clone)]
