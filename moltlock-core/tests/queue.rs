@@ -87,11 +87,15 @@ impl Forward for SlowDelete {
 }
 
 /// Deletes at once but answers only after a pause (a reply on its way
-/// back), declaring its requests in order or not.
+/// back), declaring its requests in order or not; with `validity`, it
+/// promises each hold only that long (the store itself keeps it for the
+/// TTL), and tells no waiter of a release (its waiters learn of one from
+/// their manager or by looking again).
 #[derive(Clone, Default)]
 struct SlowReply {
     store: MemoryBackend,
     unordered: bool,
+    validity: Option<Duration>,
 }
 
 #[async_trait]
@@ -110,6 +114,20 @@ impl Forward for SlowReply {
 
     fn limits(&self) -> Limits {
         self.store.limits().with_in_order(!self.unordered)
+    }
+
+    fn watcher(&self) -> Option<&dyn moltlock_core::Watch> {
+        match self.validity {
+            Some(_) => None,
+            None => self.store.watcher(),
+        }
+    }
+
+    fn earliest_expiry(&self, ttl: Duration, sent_at: Instant) -> Instant {
+        match self.validity {
+            Some(v) => sent_at + v,
+            None => self.store.earliest_expiry(ttl, sent_at),
+        }
     }
 }
 
@@ -149,6 +167,34 @@ async fn an_in_order_release_wakes_the_next_waiter_once_sent() {
     };
     let (got, released) = handed_on(unordered).await;
     assert!(got >= released, "an unordered store's waiter asked early");
+}
+
+/// A hold past its validity deadline (the store promised 100 ms; it still
+/// holds the key) is not live: its release wakes the next waiter only once
+/// the store answered, not as soon as it is sent, in-order store or not.
+#[tokio::test(start_paused = true)]
+async fn a_release_of_a_hold_past_its_deadline_wakes_nobody_early() {
+    let mgr = untimed(SlowReply {
+        validity: Some(Duration::from_millis(100)),
+        ..SlowReply::default()
+    });
+    let first = mgr.lock("k").await.unwrap();
+    let waiter = mgr.clone();
+    let next = tokio::spawn(async move {
+        let guard = waiter.lock("k").await.unwrap();
+        (Instant::now(), guard)
+    });
+    sleep(Duration::from_millis(500)).await;
+    assert!(!first.is_held(), "the hold is still within its deadline");
+    let _ = first.release().await;
+    let released = Instant::now();
+    let (got, guard) = next.await.unwrap();
+    assert!(
+        got >= released,
+        "the waiter got the key {:?} before the release returned",
+        released.saturating_duration_since(got)
+    );
+    guard.release().await.ok();
 }
 
 #[tokio::test(start_paused = true)]
