@@ -20,7 +20,8 @@ use crate::{
     RenewMany, StoreClock, Token,
 };
 
-/// How long a won acquisition waits for the members still answering.
+/// How long a won acquisition waits for the members still answering, and
+/// a request that a majority answered waits for members known to fail.
 const STRAGGLE: Duration = Duration::from_millis(100);
 
 /// How long a description waits for the members' answers.
@@ -53,9 +54,10 @@ pub struct QuorumBackend {
     clock: Arc<StoreClock>,
     /// The listeners on the members' clocks (held, as clocks keep weak ones).
     _relays: Vec<Arc<StepListener>>,
-    /// Per member: its last acquire reply was an error (it is down or cut
-    /// off). Once a majority answered, a request waits for such a member
-    /// only [`STRAGGLE`] more: a dead member answers only after its
+    /// Per member: its last reply to a `cas` (an acquisition, or a single
+    /// renewal) that was counted or drained was an error (it is down or
+    /// cut off). Once a majority answered, a request waits for such a
+    /// member only [`STRAGGLE`] more: a dead member answers only after its
     /// client's reconnect attempts, and contenders whose votes split over
     /// the live ones would each wait that long, round after round.
     failing: Arc<[AtomicBool]>,
@@ -282,7 +284,6 @@ impl QuorumBackend {
     }
 }
 
-/// No majority of the members answered in time.
 /// Marks member `i` of `failing` when `reply` is an error, else clears it.
 fn note_reply(failing: &[AtomicBool], i: usize, reply: &Result<CasOutcome, Error>) {
     if let Some(flag) = failing.get(i) {
@@ -290,6 +291,7 @@ fn note_reply(failing: &[AtomicBool], i: usize, reply: &Result<CasOutcome, Error
     }
 }
 
+/// No majority of the members answered in time.
 fn no_majority() -> Error {
     Error::Unavailable {
         backend: "quorum",

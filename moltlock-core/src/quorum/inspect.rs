@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use tokio::task::JoinSet;
 
 use super::{QuorumBackend, STRAGGLE};
-use crate::{Backend, Error, HolderInfo, Inspect, LockKey};
+use crate::{Backend, Error, HolderInfo, Inspect, LockKey, Token};
 
 /// How long an inspection waits for the members still to answer once a
 /// majority has.
@@ -74,6 +74,12 @@ where
     answers
 }
 
+/// `info` as seen `since` ago: its time left is that much shorter.
+fn aged(mut info: HolderInfo, since: Duration) -> HolderInfo {
+    info.expires_in = info.expires_in.map(|e| e.saturating_sub(since));
+    info
+}
+
 /// How long after an inspection found a holder that not every member
 /// reports it looks again: past the time a won acquisition still counts
 /// stragglers ([`STRAGGLE`]), with a margin for its replies in flight.
@@ -95,7 +101,7 @@ struct Look {
 impl Look {
     /// How many members that answered deny `holder` the key: they report
     /// it free or held by another.
-    fn denying(&self, holder: &crate::Token) -> usize {
+    fn denying(&self, holder: &Token) -> usize {
         self.free + self.answers.iter().filter(|a| &a.holder != holder).count()
     }
 }
@@ -149,35 +155,35 @@ impl Inspect for QuorumBackend {
     /// acquisition was given: when a member that answered reports no holder
     /// or another (an acquisition may still be counting a straggler's
     /// grant), it looks again after `SETTLE`. A member down or silent
-    /// does not make it wait.
+    /// does not make it wait. A second look that hears no majority, while
+    /// too few of the members that answered deny the first look's holder
+    /// for it to have lost its majority, reports the first look's hold.
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        let asked = tokio::time::Instant::now();
         let first = self.look(key).await;
-        if !first.doubt {
-            return first.found;
-        }
+        let before = match first.found {
+            Ok(Some(before)) if first.doubt => before,
+            found => return found,
+        };
         tokio::time::sleep(SETTLE).await;
-        let mut again = self.look(key).await;
-        let found = std::mem::replace(&mut again.found, Ok(None));
-        match (first.found, found) {
+        let again = self.look(key).await;
+        // Too few members deny the holder for it to have lost its majority:
+        // the rest are only silent or failing (down or slow), and a hold
+        // stands until released or expired.
+        let stands = again.denying(&before.holder) <= self.members.len() - self.majority();
+        match again.found {
             // The same hold: the look that heard more of its members tells
             // its fence (a grant seen first may have been undone since).
-            (Ok(Some(before)), Ok(Some(mut now))) if before.holder == now.holder => {
+            Ok(Some(mut now)) if now.holder == before.holder => {
                 if again.agreeing < first.agreeing {
                     now.fence = now.fence.max(before.fence);
                 }
                 Ok(Some(now))
             }
-            // No majority the second time, but too few members deny the
-            // holder for it to have lost its majority: the rest are only
-            // silent (down or slow), and a hold stands until released or
-            // expired.
-            (Ok(Some(before)), Ok(None))
-                if again.denying(&before.holder) <= self.members.len() - self.majority() =>
-            {
-                Ok(Some(before))
-            }
-            (before, Err(_)) => before,
-            (_, now) => now,
+            // No majority the second time: the first look's hold, its time
+            // left counted from before that look was sent.
+            Ok(None) | Err(_) if stands => Ok(Some(aged(before, asked.elapsed()))),
+            now => now,
         }
     }
 

@@ -404,9 +404,10 @@ async fn inspect_whose_second_look_loses_the_majority_keeps_the_holder() {
         .unwrap();
 }
 
-/// The same doubtful first look, then the holder releases before the second
-/// look: every member that answers denies it, and the inspection reports
-/// the key free.
+/// The same doubtful first look, then the holder releases and C and D fall
+/// silent before the second look: A and B report the key free and E
+/// another holder, one denial more than a majority can spare, and the
+/// inspection reports no holder.
 #[tokio::test(start_paused = true)]
 async fn inspect_whose_second_look_sees_the_release_reports_it() {
     let stores: Vec<MemoryBackend> = (0..5).map(|_| MemoryBackend::new()).collect();
@@ -416,7 +417,7 @@ async fn inspect_whose_second_look_sees_the_release_reports_it() {
         .cas(&key, None, &other, Duration::from_secs(60))
         .await
         .unwrap();
-    let (_cuts, quorum) = behind_switches(&stores);
+    let (cuts, quorum) = behind_switches(&stores);
     let mgr = LockManager::builder(quorum.clone())
         .ttl(TTL)
         .build()
@@ -425,25 +426,41 @@ async fn inspect_whose_second_look_sees_the_release_reports_it() {
     let looking = tokio::spawn(async move { quorum.inspect(&key).await });
     tokio::time::sleep(Duration::from_millis(20)).await;
     guard.release().await.unwrap();
+    cuts[2].cut();
+    cuts[3].cut();
     let seen = looking.await.unwrap().unwrap();
     assert!(seen.is_none(), "a released hold was reported: {seen:?}");
+    cuts[2].heal();
+    cuts[3].heal();
     stores[4]
         .delete(&LockKey::new("k").unwrap(), &other)
         .await
         .unwrap();
 }
 
-/// A member whose store is down: its client fails a request at once while
-/// `slow` is off, and only after 3 s (its reconnect attempts) while on.
+/// How a [`Down`] member answers.
+const FAILS_AT_ONCE: u8 = 0;
+const FAILS_AFTER_3S: u8 = 1;
+const ANSWERS_AFTER_300MS: u8 = 2;
+
+/// A member whose store is down: its client fails a request at once, or
+/// only after 3 s (its reconnect attempts); or, back up, it answers from
+/// its store 300 ms late.
 #[derive(Clone)]
-struct Down(MemoryBackend, Arc<std::sync::atomic::AtomicBool>);
+struct Down(MemoryBackend, Arc<std::sync::atomic::AtomicU8>);
 
 impl Down {
-    async fn refuse(&self) -> Error {
-        if self.1.load(std::sync::atomic::Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_secs(3)).await;
+    /// Fails as the mode says; `false` when the store is back.
+    async fn down(&self) -> Result<(), Error> {
+        match self.1.load(std::sync::atomic::Ordering::SeqCst) {
+            ANSWERS_AFTER_300MS => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                return Ok(());
+            }
+            FAILS_AFTER_3S => tokio::time::sleep(Duration::from_secs(3)).await,
+            _ => {}
         }
-        Error::store("down", "connection refused", true)
+        Err(Error::store("down", "connection refused", true))
     }
 }
 
@@ -451,16 +468,18 @@ impl Down {
 impl Backend for Down {
     async fn cas(
         &self,
-        _key: &LockKey,
-        _expected: Option<&moltlock_core::Token>,
-        _new: &moltlock_core::Token,
-        _ttl: Duration,
+        key: &LockKey,
+        expected: Option<&moltlock_core::Token>,
+        new: &moltlock_core::Token,
+        ttl: Duration,
     ) -> Result<moltlock_core::CasOutcome, Error> {
-        Err(self.refuse().await)
+        self.down().await?;
+        self.0.cas(key, expected, new, ttl).await
     }
 
-    async fn delete(&self, _key: &LockKey, _owner: &moltlock_core::Token) -> Result<bool, Error> {
-        Err(self.refuse().await)
+    async fn delete(&self, key: &LockKey, owner: &moltlock_core::Token) -> Result<bool, Error> {
+        self.down().await?;
+        self.0.delete(key, owner).await
     }
 
     fn inspector(&self) -> Option<&dyn Inspect> {
@@ -476,15 +495,17 @@ impl Backend for Down {
 /// answered (split between two contenders: A held by the other, B granted)
 /// waits for C only briefly: a split vote costs a fraction of a second,
 /// not C's 3 s of reconnect attempts, round after round. Nothing the
-/// refused attempt took is left held.
+/// refused attempt took is left held. Once C answers again (slowly), the
+/// next attempt that hears from it waits for it again, and wins with B
+/// and C.
 #[tokio::test(start_paused = true)]
 async fn a_split_vote_does_not_wait_for_a_member_known_down() {
     let stores = [MemoryBackend::new(), MemoryBackend::new()];
-    let slow = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mode = Arc::new(std::sync::atomic::AtomicU8::new(FAILS_AT_ONCE));
     let members: Vec<Arc<dyn Backend>> = vec![
         Arc::new(stores[0].clone()),
         Arc::new(stores[1].clone()),
-        Arc::new(Down(MemoryBackend::new(), slow.clone())),
+        Arc::new(Down(MemoryBackend::new(), mode.clone())),
     ];
     let quorum = QuorumBackend::new(members).unwrap();
     let key = LockKey::new("k").unwrap();
@@ -498,7 +519,7 @@ async fn a_split_vote_does_not_wait_for_a_member_known_down() {
     assert!(quorum.delete(&key, &first).await.unwrap());
     let other = moltlock_core::Token::random();
     stores[0].cas(&key, None, &other, ttl).await.unwrap();
-    slow.store(true, std::sync::atomic::Ordering::SeqCst);
+    mode.store(FAILS_AFTER_3S, std::sync::atomic::Ordering::SeqCst);
     let started = tokio::time::Instant::now();
     let mine = moltlock_core::Token::random();
     let got = quorum.cas(&key, None, &mine, ttl).await;
@@ -513,5 +534,24 @@ async fn a_split_vote_does_not_wait_for_a_member_known_down() {
     );
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!holds(&stores[1], "k").await, "B's grant was left held");
+    // C comes back. The first attempt still finds it marked and does not
+    // wait; its late answer, drained after the decision, clears the mark.
+    mode.store(ANSWERS_AFTER_300MS, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let got = quorum
+        .cas(&key, None, &moltlock_core::Token::random(), ttl)
+        .await;
+    assert!(!matches!(
+        got,
+        Ok(moltlock_core::CasOutcome::Acquired { .. })
+    ));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let last = moltlock_core::Token::random();
+    let got = quorum.cas(&key, None, &last, ttl).await;
+    assert!(
+        matches!(got, Ok(moltlock_core::CasOutcome::Acquired { .. })),
+        "a member that answers again was not waited for: {got:?}"
+    );
+    assert!(quorum.delete(&key, &last).await.unwrap());
     stores[0].delete(&key, &other).await.unwrap();
 }
