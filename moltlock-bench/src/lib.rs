@@ -6,9 +6,12 @@
 //! distinct keys, tasks contending for one key (default and fair mode),
 //! renewal of many held locks, a semaphore next to a plain lock, `lock_all`
 //! with and without the backend's `cas_multi`, and — with `--peers` —
-//! `rslock` and etcd's Lock RPC under the same workloads. It prints markdown (or JSON) and can
-//! write an SVG chart of hand-off latency. Every loop is bounded in time and
-//! in count. See `BENCHMARKS.md` at the repository root.
+//! `rslock` and etcd's Lock RPC under the same workloads. It prints markdown
+//! (or JSON) and can write an SVG chart of hand-off latency. Hand-offs are
+//! counted in round trips of the store: one command of its floor (half a
+//! floor cycle), with a bare round trip (`PING`, `SELECT 1`, a read)
+//! reported beside it. Every loop is bounded in time and in count. See
+//! `BENCHMARKS.md` at the repository root.
 
 mod checks;
 pub mod counting;

@@ -19,10 +19,10 @@ impl Report {
         let n = self.settings.parallel_tasks;
         let _ = writeln!(
             s,
-            "### {} (RTT p50 {:.0} µs)\n\n\
+            "### {} (RTT p50 {:.0} µs, a command of the floor; bare round trip {:.0} µs)\n\n\
              | lock | 1 task /s (÷ floor) | {n} tasks /s (÷ floor) | contended acq/s | requests / acq | hand-off p50 ms (÷ RTT) | hand-off p99 ms (÷ RTT) | releaser re-won | task share min / max |\n\
              |---|---:|---:|---:|---:|---:|---:|---:|---:|",
-            b.store, b.rtt.p50_us
+            b.store, b.rtt.p50_us, b.bare_rtt.p50_us
         );
         let floor = (Some(&b.floor), Some(&b.floor_parallel));
         row(s, b, "floor (the store's recipe, raw client)", floor, None);

@@ -50,8 +50,12 @@ impl Settings {
 pub struct BackendReport {
     /// The store (its feature name).
     pub store: String,
-    /// One bare round trip.
+    /// The store's round trip that hand-offs are counted in: one command
+    /// of the floor's recipe (half a floor cycle, which is its take and its
+    /// release, one task on a free key).
     pub rtt: Summary,
+    /// One bare round trip (`PING`, `SELECT 1`, a read), for comparison.
+    pub bare_rtt: Summary,
     /// The floor, one task.
     pub floor: LoopResult,
     /// MoltLock, one task.

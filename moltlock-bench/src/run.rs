@@ -13,7 +13,7 @@ use crate::floor::Floor;
 use crate::molt::MoltLocker;
 use crate::peers::{EtcdLockRpc, Rslock};
 use crate::report::{BackendReport, PeerReport, Report, Settings};
-use crate::stats::ratio;
+use crate::stats::{ratio, Summary};
 use crate::target::{etcd_prefix, Target};
 use crate::workload::{
     closed_loop, contended, paired, Bounds, Contention, Cycler, KeyFn, Locker, LockerCycler,
@@ -63,8 +63,8 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     pub multi_keys: usize,
     /// Measure only these sections (comma-separated; default: all). The
-    /// bare round trip is measured always; `--peers` runs the peers either
-    /// way.
+    /// round trips (a command of the floor, and a bare one) are measured
+    /// always; `--peers` runs the peers either way.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Section>,
     /// Also run the peers: rslock on Redis URLs, etcd's Lock RPC on etcd URLs.
@@ -155,6 +155,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("duration out of range: {s:?}"));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// One command of a floor cycle (a take and a release): half its figures.
+fn per_command(cycle: &Summary) -> Summary {
+    Summary {
+        count: cycle.count * 2,
+        p50_us: cycle.p50_us / 2.0,
+        p99_us: cycle.p99_us / 2.0,
+        max_us: cycle.max_us / 2.0,
+    }
 }
 
 /// A bare round trip as a "cycle".
@@ -269,9 +279,12 @@ async fn measure_with(
         duration: a.duration / 2,
         max_cycles: a.max_cycles,
     };
-    r.rtt = closed_loop(Arc::new(Rtt(floor.clone())), keys(t, "rtt"), 1, rtt_bounds)
+    r.bare_rtt = closed_loop(Arc::new(Rtt(floor.clone())), keys(t, "rtt"), 1, rtt_bounds)
         .await?
         .latency;
+    let floor_c: Arc<dyn Cycler> = Arc::new(floor.clone());
+    let cycles = closed_loop(floor_c, keys(t, "rtt-floor"), 1, rtt_bounds).await?;
+    r.rtt = per_command(&cycles.latency);
     if a.runs(Section::Throughput) {
         throughput(t, a, r, backend.clone(), floor).await?;
     }

@@ -20,7 +20,7 @@ pub struct SummaryRow {
     pub parallel_ratio: Option<f64>,
     /// Median hand-off under contention, in microseconds.
     pub handoff_p50_us: Option<f64>,
-    /// That median in bare round trips of the store.
+    /// That median in round trips of the store (commands of its floor).
     pub handoff_p50_rtts: Option<f64>,
     /// 99th percentile hand-off, in microseconds.
     pub handoff_p99_us: Option<f64>,
