@@ -14,6 +14,7 @@ impl Report {
                 check_throughput(b, &mut out);
             }
             check_backend(b, &self.peers, &mut out);
+            check_against_peers(b, &self.peers, throughput, &mut out);
         }
         self.checks = out;
     }
@@ -43,6 +44,52 @@ fn check_throughput(b: &BackendReport, out: &mut Vec<Check>) {
             format!("{st} fair: uncontended ≥ 0.8 × floor"),
             format!("{x:.2} ×"),
             x >= 0.8,
+        );
+    }
+}
+
+/// The peer named `prefix…` on `store`, if it ran.
+fn peer<'a>(peers: &'a [PeerReport], store: &str, prefix: &str) -> Option<&'a PeerReport> {
+    peers
+        .iter()
+        .find(|p| p.store == store && p.name.starts_with(prefix) && p.error.is_none())
+}
+
+/// The targets set against a peer: Redis at least rslock's single-task
+/// cycles (both to the floor of their store), etcd's fair queue at least
+/// five times the Lock RPC's contended acquisitions with a hand-off p99 of
+/// at most 10 ms.
+fn check_against_peers(
+    b: &BackendReport,
+    peers: &[PeerReport],
+    throughput: bool,
+    out: &mut Vec<Check>,
+) {
+    let st = &b.store;
+    if let (true, Some(rs)) = (throughput, peer(peers, st, "rslock")) {
+        push(
+            out,
+            format!("{st}: uncontended ≥ rslock's (each ÷ the floor)"),
+            format!(
+                "{:.2} × against {:.2} ×",
+                b.uncontended_ratio, rs.uncontended_ratio
+            ),
+            b.uncontended_ratio >= rs.uncontended_ratio,
+        );
+    }
+    let rpc = peer(peers, st, "etcd Lock RPC").and_then(|p| p.contended.as_ref());
+    if let (Some(fair), Some(rpc)) = (&b.contended_fair, rpc) {
+        let x = ratio(fair.per_sec, rpc.per_sec);
+        push(
+            out,
+            format!("{st} fair: ≥ 5 × the Lock RPC's acquisitions/s, hand-off p99 ≤ 10 ms"),
+            format!(
+                "{:.0} /s = {x:.1} × {:.0} /s; p99 {:.1} ms",
+                fair.per_sec,
+                rpc.per_sec,
+                ms(fair.handoff.p99_us)
+            ),
+            x >= 5.0 && fair.handoff.p99_us <= 10_000.0,
         );
     }
 }

@@ -475,4 +475,66 @@ mod tests {
             "{text}"
         );
     }
+
+    /// The targets against peers: etcd's fair queue at five times the Lock
+    /// RPC's contended rate with a hand-off p99 of at most 10 ms, Redis at
+    /// least at rslock's single-task ratio to the floor.
+    #[test]
+    fn targets_against_peers_are_checked() {
+        let rate = |per_sec: f64, p99_us: f64| ContendedResult {
+            per_sec,
+            ..contended(500.0, p99_us)
+        };
+        let checks = |fair_rate: f64, fair_p99: f64, redis_ratio: f64| {
+            let mut report = Report {
+                settings: Settings {
+                    sections: vec!["throughput".into(), "contended".into()],
+                    ..Settings::default()
+                },
+                backends: vec![
+                    BackendReport {
+                        store: "etcd".into(),
+                        contended_fair: Some(rate(fair_rate, fair_p99)),
+                        ..BackendReport::default()
+                    },
+                    BackendReport {
+                        store: "redis".into(),
+                        uncontended_ratio: redis_ratio,
+                        ..BackendReport::default()
+                    },
+                ],
+                peers: vec![
+                    PeerReport {
+                        name: "etcd Lock RPC".into(),
+                        store: "etcd".into(),
+                        contended: Some(rate(80.0, 80_000.0)),
+                        ..PeerReport::default()
+                    },
+                    PeerReport {
+                        name: "rslock (Redlock, 1 Redis)".into(),
+                        store: "redis".into(),
+                        uncontended_ratio: 0.9,
+                        ..PeerReport::default()
+                    },
+                ],
+                checks: Vec::new(),
+            };
+            report.check();
+            report.checks
+        };
+        let met = |checks: &[Check], what: &str| {
+            checks
+                .iter()
+                .find(|k| k.what.starts_with(what))
+                .map(|k| k.met)
+        };
+        let good = checks(400.0, 9_000.0, 0.95);
+        assert_eq!(met(&good, "etcd fair: ≥ 5 ×"), Some(true), "{good:?}");
+        assert_eq!(met(&good, "redis: uncontended ≥ rslock"), Some(true));
+        let slow = checks(399.0, 9_000.0, 0.85);
+        assert_eq!(met(&slow, "etcd fair: ≥ 5 ×"), Some(false));
+        assert_eq!(met(&slow, "redis: uncontended ≥ rslock"), Some(false));
+        let late = checks(800.0, 11_000.0, 0.95);
+        assert_eq!(met(&late, "etcd fair: ≥ 5 ×"), Some(false));
+    }
 }
