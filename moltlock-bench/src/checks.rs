@@ -3,6 +3,7 @@
 
 use crate::report::{ms, BackendReport, Check, PeerReport, Report};
 use crate::stats::ratio;
+use crate::workload::ContendedResult;
 
 impl Report {
     /// Fills [`Report::checks`] from the measurements.
@@ -78,7 +79,9 @@ fn check_against_peers(
         );
     }
     let rpc = peer(peers, st, "etcd Lock RPC").and_then(|p| p.contended.as_ref());
-    if let (Some(fair), Some(rpc)) = (&b.contended_fair, rpc) {
+    // Either run without a hand-off has nothing to compare.
+    let ran = |c: &&ContendedResult| c.per_sec > 0.0 && c.handoff.count > 0;
+    if let (Some(fair), Some(rpc)) = (b.contended_fair.as_ref().filter(ran), rpc.filter(ran)) {
         let x = ratio(fair.per_sec, rpc.per_sec);
         push(
             out,

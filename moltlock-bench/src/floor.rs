@@ -16,7 +16,7 @@
 //! make a slow backend look like its own floor.
 
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
@@ -184,25 +184,38 @@ impl Floor {
     /// # Errors
     /// Store errors, or a message when the free key was not taken.
     pub async fn acquire_release(&self, key: &str) -> Result<(), String> {
+        self.timed_cycle(key).await.map(|_| ())
+    }
+
+    /// As [`acquire_release`](Self::acquire_release); returns how long
+    /// the take and the release each took.
+    ///
+    /// # Errors
+    /// As [`acquire_release`](Self::acquire_release).
+    pub async fn timed_cycle(&self, key: &str) -> Result<(Duration, Duration), String> {
         let token = uuid::Uuid::new_v4().to_string();
+        let mut split = Split::default();
+        let s = &mut split;
+        let started = Instant::now();
         let taken = match self {
             Self::Redis { conn, prefix } => {
-                redis_cycle(conn, &format!("{prefix}{{{key}}}"), &token).await?
+                redis_cycle(conn, &format!("{prefix}{{{key}}}"), &token, s).await?
             }
             Self::Etcd {
                 client,
                 lease,
                 prefix,
-            } => etcd_cycle(client, *lease, format!("{prefix}{key}"), &token).await?,
-            Self::Postgres { pool } => sql::pg_cycle(pool, key, &token).await?,
-            Self::Sqlite { pool } => sql::sqlite_cycle(pool, key, &token).await?,
-            Self::Mysql { pool } => sql::mysql_cycle(pool, key, &token).await?,
+            } => etcd_cycle(client, *lease, format!("{prefix}{key}"), &token, s).await?,
+            Self::Postgres { pool } => sql::pg_cycle(pool, key, &token, s).await?,
+            Self::Sqlite { pool } => sql::sqlite_cycle(pool, key, &token, s).await?,
+            Self::Mysql { pool } => sql::mysql_cycle(pool, key, &token, s).await?,
         };
-        if taken {
-            Ok(())
-        } else {
-            Err(format!("the floor did not take the free key {key}"))
+        let ended = Instant::now();
+        if !taken {
+            return Err(format!("the floor did not take the free key {key}"));
         }
+        let mid = split.0.unwrap_or(ended);
+        Ok((mid - started, ended - mid))
     }
 
     /// Removes what the run left in the store: Redis fence keys under the
@@ -239,12 +252,28 @@ async fn drop_table<T, E: std::fmt::Display>(
     done.await.map(|_| ()).map_err(err)
 }
 
+/// When a floor cycle's take returned (and its release began).
+#[derive(Default)]
+pub(crate) struct Split(Option<Instant>);
+
+impl Split {
+    /// Notes that the take returned now.
+    pub(crate) fn mark(&mut self) {
+        self.0 = Some(Instant::now());
+    }
+}
+
 /// The compare-and-`DEL` script, hashed once (a raw client keeps its
 /// `Script`; hashing it per cycle would slow the floor).
 static REDIS_CAD_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(REDIS_CAD));
 
-async fn redis_cycle(conn: &ConnectionManager, key: &str, token: &str) -> Result<bool, String> {
+async fn redis_cycle(
+    conn: &ConnectionManager,
+    key: &str,
+    token: &str,
+    split: &mut Split,
+) -> Result<bool, String> {
     let mut c = conn.clone();
     let ttl = u64::try_from(TTL.as_millis()).unwrap_or(u64::MAX);
     let set: Option<String> = redis::cmd("SET")
@@ -256,6 +285,7 @@ async fn redis_cycle(conn: &ConnectionManager, key: &str, token: &str) -> Result
         .query_async(&mut c)
         .await
         .map_err(err)?;
+    split.mark();
     let deleted: i64 = REDIS_CAD_SCRIPT
         .key(key)
         .arg(token)
@@ -298,6 +328,7 @@ async fn etcd_cycle(
     lease: i64,
     key: String,
     token: &str,
+    split: &mut Split,
 ) -> Result<bool, String> {
     let mut kv = client.kv_client();
     let put = PutOptions::new().with_lease(lease);
@@ -306,6 +337,7 @@ async fn etcd_cycle(
         .and_then([TxnOp::put(key.clone(), token, Some(put))])
         .or_else([TxnOp::get(key.clone(), None)]);
     let taken = kv.txn(take).await.map_err(err)?.succeeded();
+    split.mark();
     let release = Txn::new()
         .when([Compare::value(key.clone(), CompareOp::Equal, token)])
         .and_then([TxnOp::delete(key, None)]);

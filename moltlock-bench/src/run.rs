@@ -157,14 +157,19 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-/// One command of a floor cycle (a take and a release): half its figures.
-fn per_command(cycle: &Summary) -> Summary {
-    Summary {
-        count: cycle.count * 2,
-        p50_us: cycle.p50_us / 2.0,
-        p99_us: cycle.p99_us / 2.0,
-        max_us: cycle.max_us / 2.0,
+/// The floor's commands, each timed: one task takes a free key and
+/// releases it, again and again within `bounds`, and every take and every
+/// release is one sample.
+async fn floor_commands(floor: &Floor, key: &KeyFn, bounds: Bounds) -> Result<Summary, String> {
+    let deadline = std::time::Instant::now() + bounds.duration;
+    let mut times = Vec::new();
+    let mut cycle = 0u64;
+    while cycle < bounds.max_cycles && std::time::Instant::now() < deadline {
+        let (take, release) = floor.timed_cycle(&key(0, cycle % 16)).await?;
+        times.extend([take, release]);
+        cycle += 1;
     }
+    Ok(Summary::of(&mut times))
 }
 
 /// A bare round trip as a "cycle".
@@ -282,9 +287,7 @@ async fn measure_with(
     r.bare_rtt = closed_loop(Arc::new(Rtt(floor.clone())), keys(t, "rtt"), 1, rtt_bounds)
         .await?
         .latency;
-    let floor_c: Arc<dyn Cycler> = Arc::new(floor.clone());
-    let cycles = closed_loop(floor_c, keys(t, "rtt-floor"), 1, rtt_bounds).await?;
-    r.rtt = per_command(&cycles.latency);
+    r.rtt = floor_commands(floor, &keys(t, "rtt-floor"), rtt_bounds).await?;
     if a.runs(Section::Throughput) {
         throughput(t, a, r, backend.clone(), floor).await?;
     }

@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
-use super::{err, TTL};
+use super::{err, Split, TTL};
 
 /// Drops the floor's table.
 pub(super) static DROP: LazyLock<String> =
@@ -85,7 +85,12 @@ fn ttl_ms() -> i64 {
 }
 
 /// Takes the free `key` and releases it; whether both happened.
-pub(super) async fn pg_cycle(pool: &PgPool, key: &str, token: &str) -> Result<bool, String> {
+pub(super) async fn pg_cycle(
+    pool: &PgPool,
+    key: &str,
+    token: &str,
+    split: &mut Split,
+) -> Result<bool, String> {
     let take = sqlx::query(&PG_TAKE)
         .bind(key)
         .bind(token)
@@ -93,6 +98,7 @@ pub(super) async fn pg_cycle(pool: &PgPool, key: &str, token: &str) -> Result<bo
         .execute(pool)
         .await
         .map_err(err)?;
+    split.mark();
     let release = sqlx::query(&PG_RELEASE)
         .bind(key)
         .bind(token)
@@ -107,6 +113,7 @@ pub(super) async fn sqlite_cycle(
     pool: &SqlitePool,
     key: &str,
     token: &str,
+    split: &mut Split,
 ) -> Result<bool, String> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -120,6 +127,7 @@ pub(super) async fn sqlite_cycle(
         .execute(pool)
         .await
         .map_err(err)?;
+    split.mark();
     let release = sqlx::query(&SQLITE_RELEASE)
         .bind(key)
         .bind(token)
@@ -130,7 +138,12 @@ pub(super) async fn sqlite_cycle(
 }
 
 /// As [`pg_cycle`], on MySQL/MariaDB (an insert reports 1 row, a takeover 2).
-pub(super) async fn mysql_cycle(pool: &MySqlPool, key: &str, token: &str) -> Result<bool, String> {
+pub(super) async fn mysql_cycle(
+    pool: &MySqlPool,
+    key: &str,
+    token: &str,
+    split: &mut Split,
+) -> Result<bool, String> {
     let take = sqlx::query(&MYSQL_TAKE)
         .bind(key)
         .bind(token)
@@ -138,6 +151,7 @@ pub(super) async fn mysql_cycle(pool: &MySqlPool, key: &str, token: &str) -> Res
         .execute(pool)
         .await
         .map_err(err)?;
+    split.mark();
     let release = sqlx::query(&MYSQL_RELEASE)
         .bind(key)
         .bind(token)
