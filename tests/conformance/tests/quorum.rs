@@ -320,6 +320,69 @@ async fn inspect_with_a_silent_member_looks_once() {
     guard.release().await.unwrap();
 }
 
+/// Five members, E held by another token (so a first look doubts), a hold
+/// of the quorum, and an inspection under way: its first look is done, its
+/// second comes after the settling pause.
+struct Doubt {
+    stores: Vec<MemoryBackend>,
+    cuts: Vec<Partition>,
+    other: moltlock_core::Token,
+    looking: tokio::task::JoinHandle<Result<Option<moltlock_core::HolderInfo>, Error>>,
+    _mgr: LockManager,
+}
+
+impl Doubt {
+    /// With `d_floor`, D's fence minimum, so its grant carries the largest
+    /// fence of the hold.
+    async fn start(d_floor: Option<u64>) -> (Self, moltlock_core::LockGuard) {
+        let stores: Vec<MemoryBackend> = (0..5).map(|_| MemoryBackend::new()).collect();
+        let key = LockKey::new("k").unwrap();
+        if let Some(floor) = d_floor {
+            let floor = moltlock_core::Fence(floor);
+            stores[3].raise_fence(&key, floor).await.unwrap();
+        }
+        let other = moltlock_core::Token::random();
+        stores[4]
+            .cas(&key, None, &other, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let (cuts, quorum) = behind_switches(&stores);
+        let mgr = LockManager::builder(quorum.clone())
+            .ttl(TTL)
+            .build()
+            .unwrap();
+        let guard = mgr.lock("k").await.unwrap();
+        let looking = tokio::spawn(async move { quorum.inspect(&key).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let doubt = Self {
+            stores,
+            cuts,
+            other,
+            looking,
+            _mgr: mgr,
+        };
+        (doubt, guard)
+    }
+
+    /// What the inspection reported, once the members at `silent` fell
+    /// silent (before its second look).
+    async fn seen_with(&mut self, silent: &[usize]) -> Option<moltlock_core::HolderInfo> {
+        for i in silent {
+            self.cuts[*i].cut();
+        }
+        (&mut self.looking).await.unwrap().unwrap()
+    }
+
+    /// Heals every member and frees E.
+    async fn end(self) {
+        for cut in &self.cuts {
+            cut.heal();
+        }
+        let key = LockKey::new("k").unwrap();
+        self.stores[4].delete(&key, &self.other).await.unwrap();
+    }
+}
+
 /// The second look of an inspection hears fewer members of the hold than
 /// the first (D, whose grant carried the largest fence, fell silent in
 /// between): the fence reported stays the one the acquisition returned,
@@ -327,81 +390,36 @@ async fn inspect_with_a_silent_member_looks_once() {
 /// token, is what makes the first look doubt.
 #[tokio::test(start_paused = true)]
 async fn inspect_whose_second_look_hears_fewer_keeps_the_fence() {
-    let stores: Vec<MemoryBackend> = (0..5).map(|_| MemoryBackend::new()).collect();
-    let key = LockKey::new("k").unwrap();
-    stores[3]
-        .raise_fence(&key, moltlock_core::Fence(1000))
-        .await
-        .unwrap();
-    let other = moltlock_core::Token::random();
-    stores[4]
-        .cas(&key, None, &other, Duration::from_secs(60))
-        .await
-        .unwrap();
-    let (cuts, quorum) = behind_switches(&stores);
-    let mgr = LockManager::builder(quorum.clone())
-        .ttl(TTL)
-        .build()
-        .unwrap();
-    let guard = mgr.lock("k").await.unwrap();
+    let (mut doubt, guard) = Doubt::start(Some(1000)).await;
     assert!(
         guard.fence() > moltlock_core::Fence(1000),
         "D did not count"
     );
-    let looking = tokio::spawn(async move { quorum.inspect(&key).await });
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    cuts[3].cut();
-    let seen = looking.await.unwrap().unwrap().expect("a holder");
+    let seen = doubt.seen_with(&[3]).await.expect("a holder");
     assert_eq!(seen.holder, guard.token().clone());
     assert_eq!(
         seen.fence,
         Some(guard.fence()),
         "the fence of fewer members"
     );
-    cuts[3].heal();
+    doubt.end().await;
     guard.release().await.unwrap();
-    stores[4]
-        .delete(&LockKey::new("k").unwrap(), &other)
-        .await
-        .unwrap();
 }
 
 /// The second look of an inspection hears too few members to make a
-/// majority (C and D fell silent in between; E is held by another token,
-/// which makes the first look doubt), but only E denies the holder: the
-/// hold stands, and the inspection still reports it.
+/// majority (C and D fell silent in between), but only E denies the
+/// holder: the hold stands, and the inspection still reports it.
 #[tokio::test(start_paused = true)]
 async fn inspect_whose_second_look_loses_the_majority_keeps_the_holder() {
-    let stores: Vec<MemoryBackend> = (0..5).map(|_| MemoryBackend::new()).collect();
-    let key = LockKey::new("k").unwrap();
-    let other = moltlock_core::Token::random();
-    stores[4]
-        .cas(&key, None, &other, Duration::from_secs(60))
-        .await
-        .unwrap();
-    let (cuts, quorum) = behind_switches(&stores);
-    let mgr = LockManager::builder(quorum.clone())
-        .ttl(TTL)
-        .build()
-        .unwrap();
-    let guard = mgr.lock("k").await.unwrap();
-    let looking = tokio::spawn(async move { quorum.inspect(&key).await });
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    cuts[2].cut();
-    cuts[3].cut();
-    let seen = looking.await.unwrap().unwrap();
+    let (mut doubt, guard) = Doubt::start(None).await;
+    let seen = doubt.seen_with(&[2, 3]).await;
     assert_eq!(
         seen.map(|h| h.holder),
         Some(guard.token().clone()),
         "a hold two silent members still count for was reported gone"
     );
-    cuts[2].heal();
-    cuts[3].heal();
+    doubt.end().await;
     guard.release().await.unwrap();
-    stores[4]
-        .delete(&LockKey::new("k").unwrap(), &other)
-        .await
-        .unwrap();
 }
 
 /// The same doubtful first look, then the holder releases and C and D fall
@@ -410,32 +428,11 @@ async fn inspect_whose_second_look_loses_the_majority_keeps_the_holder() {
 /// inspection reports no holder.
 #[tokio::test(start_paused = true)]
 async fn inspect_whose_second_look_sees_the_release_reports_it() {
-    let stores: Vec<MemoryBackend> = (0..5).map(|_| MemoryBackend::new()).collect();
-    let key = LockKey::new("k").unwrap();
-    let other = moltlock_core::Token::random();
-    stores[4]
-        .cas(&key, None, &other, Duration::from_secs(60))
-        .await
-        .unwrap();
-    let (cuts, quorum) = behind_switches(&stores);
-    let mgr = LockManager::builder(quorum.clone())
-        .ttl(TTL)
-        .build()
-        .unwrap();
-    let guard = mgr.lock("k").await.unwrap();
-    let looking = tokio::spawn(async move { quorum.inspect(&key).await });
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (mut doubt, guard) = Doubt::start(None).await;
     guard.release().await.unwrap();
-    cuts[2].cut();
-    cuts[3].cut();
-    let seen = looking.await.unwrap().unwrap();
+    let seen = doubt.seen_with(&[2, 3]).await;
     assert!(seen.is_none(), "a released hold was reported: {seen:?}");
-    cuts[2].heal();
-    cuts[3].heal();
-    stores[4]
-        .delete(&LockKey::new("k").unwrap(), &other)
-        .await
-        .unwrap();
+    doubt.end().await;
 }
 
 /// How a [`Down`] member answers.
