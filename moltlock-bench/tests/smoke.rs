@@ -156,8 +156,14 @@ fn check_backend(b: &Value) {
             "{store}: {section}"
         );
     }
-    assert!(num(b, &["rtt", "count"]) > 0.0, "{store}: no floor commands timed");
-    assert!(num(b, &["bare_rtt", "count"]) > 0.0, "{store}: no bare round trips");
+    assert!(
+        num(b, &["rtt", "count"]) > 0.0,
+        "{store}: no floor commands timed"
+    );
+    assert!(
+        num(b, &["bare_rtt", "count"]) > 0.0,
+        "{store}: no bare round trips"
+    );
     let c = &b["contended"];
     assert!(num(c, &["acquisitions"]) > 0.0, "{store}: nothing acquired");
     assert_eq!(num(c, &["overlaps"]), 0.0, "{store}: two holders at once");
