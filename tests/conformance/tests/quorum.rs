@@ -447,7 +447,7 @@ const ANSWERS_AFTER_300MS: u8 = 2;
 struct Down(MemoryBackend, Arc<std::sync::atomic::AtomicU8>);
 
 impl Down {
-    /// Fails as the mode says; `false` when the store is back.
+    /// Fails as the mode says; `Ok` once the store is back (and late).
     async fn down(&self) -> Result<(), Error> {
         match self.1.load(std::sync::atomic::Ordering::SeqCst) {
             ANSWERS_AFTER_300MS => {
