@@ -10,8 +10,9 @@
 //! (or JSON) and can write an SVG chart of hand-off latency. Hand-offs are
 //! counted in round trips of the store: one command of its floor (every
 //! take and every release of a single task's floor loop timed on its own),
-//! with a bare round trip (`PING`, `SELECT 1`, a read) reported beside it. Every loop is bounded in time and in count. See
-//! `BENCHMARKS.md` at the repository root.
+//! with a bare round trip (`PING`, `SELECT 1`, a read) reported beside it.
+//! Every loop is bounded in time and in count. See `BENCHMARKS.md` at the
+//! repository root.
 
 mod checks;
 pub mod counting;

@@ -17,6 +17,7 @@ use crate::stats::{ratio, Summary};
 use crate::target::{etcd_prefix, Target};
 use crate::workload::{
     closed_loop, contended, paired, Bounds, Contention, Cycler, KeyFn, Locker, LockerCycler,
+    KEYS_PER_TASK,
 };
 
 /// Measures every backend against the raw store round trip and against the
@@ -169,7 +170,7 @@ async fn floor_commands(floor: &Floor, key: &KeyFn, bounds: Bounds) -> Result<Su
         let mut times = Vec::new();
         let mut cycle = 0u64;
         while cycle < bounds.max_cycles && std::time::Instant::now() < deadline {
-            let (take, release) = floor.timed_cycle(&key(0, cycle % 16)).await?;
+            let (take, release) = floor.timed_cycle(&key(0, cycle % KEYS_PER_TASK)).await?;
             times.extend([take, release]);
             cycle += 1;
         }

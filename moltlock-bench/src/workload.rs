@@ -77,7 +77,7 @@ pub struct LoopResult {
 
 /// Keys of the loops: each task rotates over its own small set, so keys are
 /// distinct between tasks and the store does not fill up.
-const KEYS_PER_TASK: u64 = 16;
+pub(crate) const KEYS_PER_TASK: u64 = 16;
 
 /// Runs `tasks` tasks doing cycles on distinct keys `key(task, slot)` until
 /// the bounds are reached.

@@ -414,9 +414,14 @@ async fn inspect_whose_second_look_loses_the_majority_keeps_the_holder() {
     let (mut doubt, guard) = Doubt::start(None).await;
     let seen = doubt.seen_with(&[2, 3]).await;
     assert_eq!(
-        seen.map(|h| h.holder),
+        seen.as_ref().map(|h| h.holder.clone()),
         Some(guard.token().clone()),
         "a hold two silent members still count for was reported gone"
+    );
+    let left = seen.and_then(|h| h.expires_in).expect("its time left");
+    assert!(
+        left + Duration::from_millis(150) <= TTL,
+        "the time left the first look saw was reported unaged: {left:?}"
     );
     doubt.end().await;
     guard.release().await.unwrap();
