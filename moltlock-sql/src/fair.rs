@@ -3,8 +3,8 @@
 //!
 //! A fair acquire first asks whether the key has a live place: a key with
 //! an empty queue is taken by the plain acquisition at once, with no place
-//! (a free key costs one statement on Postgres and SQLite, whose
-//! acquisition checks the queue itself, and two on MySQL). Otherwise, and
+//! (one statement, whose acquisition checks the queue itself; two on
+//! Postgres with `expiry=observed`). Otherwise, and
 //! when the key was held, the waiter takes a place at the tail and looks:
 //! each look drops the key's dead places, keeps its own alive for the TTL
 //! (at least 500 ms, by the database clock), and tells how many live places

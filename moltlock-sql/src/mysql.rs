@@ -150,7 +150,7 @@ impl Ops for MySql {
 
     /// One statement; only when the key is held, a read of who holds it.
     async fn acquire(db: &Shared<Self>, w: Write<'_>) -> DbResult<CasOutcome> {
-        match take(&db.pool, &db.dialect.sql.acquire, w.key, w.new, w.ttl).await? {
+        match take(&db.pool, &db.dialect.sql.acquire, w.key, w.new, w.ttl, None).await? {
             Some(fence) => Ok(CasOutcome::Acquired { fence }),
             None => Ok(held(read(db, w.key).await?)),
         }
@@ -241,25 +241,29 @@ impl Ops for MySql {
     }
 }
 
-/// Runs the acquisition statement `sql` of `key` on `conn`: the fence
-/// taken, or `None` when the key is held.
-async fn take<'c, E>(
+/// Runs the acquisition statement `sql` of `key` on `conn` (with `queued`,
+/// the key of its queue's look): the fence taken, or `None` when nothing
+/// was written.
+pub(super) async fn take<'c, E>(
     conn: E,
     sql: &str,
     key: &LockKey,
     new: &Token,
     ttl: Duration,
+    queued: Option<&LockKey>,
 ) -> Result<Option<Fence>, sqlx::Error>
 where
     E: sqlx::Executor<'c, Database = sqlx::MySql>,
 {
-    let done = sqlx::query(sql)
+    let mut query = sqlx::query(sql)
         .bind(key.as_str())
         .bind(new.as_str())
         .bind(key.as_str())
-        .bind(micros(ttl))
-        .execute(conn)
-        .await?;
+        .bind(micros(ttl));
+    if let Some(queued) = queued {
+        query = query.bind(queued.as_str());
+    }
+    let done = query.execute(conn).await?;
     Ok(match done.last_insert_id() {
         0 => None,
         fence => Some(Fence(fence)),
@@ -394,27 +398,13 @@ impl Statements {
         }
         let t = format!("`{name}`");
         let floors = format!("`{name}_floor`");
-        // The least fence `raise_fence` allows next for the key (0 if none).
-        let floor =
-            format!("COALESCE((SELECT floor + 1 FROM {floors} WHERE {floors}.lock_key = ?), 0)");
+        let floor = fence_floor(&floors);
         let key_col =
             "lock_key VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY";
-        let free = format!("expires_at <= {NOW}");
         let left = format!("TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)");
         Ok(Self {
             table: t.clone(),
-            acquire: format!(
-                "INSERT INTO {t} (lock_key, owner, fence, expires_at, acquired_at) \
-                 VALUES (?, ?, LAST_INSERT_ID(GREATEST({MICROS}, {floor})), \
-                 {NOW} + INTERVAL ? MICROSECOND, {NOW}) \
-                 ON DUPLICATE KEY UPDATE \
-                 owner = IF({free}, VALUES(owner), owner), \
-                 fence = IF({free}, LAST_INSERT_ID(GREATEST(fence + 1, VALUES(fence))), \
-                 fence + LAST_INSERT_ID(0)), \
-                 acquired_at = IF({free}, VALUES(acquired_at), acquired_at), \
-                 info = IF({free}, NULL, info), \
-                 expires_at = IF({free}, VALUES(expires_at), expires_at)"
-            ),
+            acquire: upsert(name, "VALUES (", ")"),
             read: format!(
                 "SELECT lock_key, owner, fence, {left}, info FROM {t} \
                  WHERE lock_key = ? AND expires_at > {NOW}"
@@ -476,6 +466,38 @@ impl Statements {
             ],
         })
     }
+}
+
+/// The acquisition of a free key in table `name`, the new row made by
+/// `open … close` around its values (`VALUES (…)`, or a `SELECT` whose
+/// `WHERE` may yield no row, when nothing is written). Parameters: key,
+/// owner, key (of the fence floor), TTL in µs, then any of the `close`.
+///
+/// Each column's update is guarded by `expires_at`, assigned last; a held
+/// key sets `LAST_INSERT_ID(0)`, so the reply's insert id is the fence
+/// taken, or 0.
+pub(super) fn upsert(name: &str, open: &str, close: &str) -> String {
+    let t = format!("`{name}`");
+    let floor = fence_floor(&format!("`{name}_floor`"));
+    let free = format!("expires_at <= {NOW}");
+    format!(
+        "INSERT INTO {t} (lock_key, owner, fence, expires_at, acquired_at) \
+         {open}?, ?, LAST_INSERT_ID(GREATEST({MICROS}, {floor})), \
+         {NOW} + INTERVAL ? MICROSECOND, {NOW}{close} \
+         ON DUPLICATE KEY UPDATE \
+         owner = IF({free}, VALUES(owner), owner), \
+         fence = IF({free}, LAST_INSERT_ID(GREATEST(fence + 1, VALUES(fence))), \
+         fence + LAST_INSERT_ID(0)), \
+         acquired_at = IF({free}, VALUES(acquired_at), acquired_at), \
+         info = IF({free}, NULL, info), \
+         expires_at = IF({free}, VALUES(expires_at), expires_at)"
+    )
+}
+
+/// The least fence `raise_fence` allows next for the key `?` (0 if none),
+/// from the floors table `floors`.
+fn fence_floor(floors: &str) -> String {
+    format!("COALESCE((SELECT floor + 1 FROM {floors} WHERE {floors}.lock_key = ?), 0)")
 }
 
 impl Statements {

@@ -142,3 +142,89 @@ async fn a_backend_on_the_applications_pool_leaves_it_usable() {
     }
     assert!(!pool.is_closed());
 }
+
+/// The prepared statements the server has run on `pool`'s one connection
+/// (read as text, so the read is not one of them).
+async fn executed(pool: &sqlx::MySqlPool) -> u64 {
+    use sqlx::Row;
+    let rows = sqlx::raw_sql("SHOW SESSION STATUS LIKE 'Com_stmt_execute'")
+        .fetch_all(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let text: String = rows[0].try_get(1).unwrap_or_else(|e| panic!("{e}"));
+    text.parse().unwrap_or_else(|e| panic!("{text}: {e}"))
+}
+
+/// A fair acquisition of a free key with an empty queue is one statement,
+/// which also checks the queue: with a live place of another waiter there,
+/// the same statement writes nothing, and the newcomer queues behind it
+/// although the key is free.
+#[tokio::test]
+async fn a_fair_take_of_a_free_key_is_one_statement_that_minds_the_queue() {
+    use moltlock_core::{Backend, LockKey, Token};
+    use std::time::Duration;
+    let url = url().unwrap_or_else(|e| panic!("{e}"));
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    let table = format!("one_{}", &Token::random().as_str().replace('-', "")[..12]);
+    let b = MySqlBackend::from_client(pool.clone(), SqlConfig::default().table(&table))
+        .await
+        .unwrap();
+    let fair = b.fair_queue().unwrap();
+    let ttl = Duration::from_secs(10);
+    // The statements are prepared on the connection, and its last insert
+    // id is left at a fence.
+    let (warm, t) = (LockKey::new("warm").unwrap(), Token::random());
+    fair.acquire(&warm, &t, ttl).await.unwrap();
+    assert!(b.delete(&warm, &t).await.unwrap());
+
+    let before = executed(&pool).await;
+    let free = LockKey::new("free").unwrap();
+    fair.acquire(&free, &Token::random(), ttl).await.unwrap();
+    let statements = executed(&pool).await - before;
+
+    sqlx::query(&format!(
+        "INSERT INTO `{table}_queue` (lock_key, owner, alive_until) \
+         VALUES ('queued', 'someone-else', UTC_TIMESTAMP(6) + INTERVAL 30 SECOND)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let queued = LockKey::new("queued").unwrap();
+    let barged = tokio::time::timeout(
+        Duration::from_millis(600),
+        fair.acquire(&queued, &Token::random(), ttl),
+    )
+    .await;
+    let (held,): (i64,) = sqlx::query_as(&format!(
+        "SELECT COUNT(*) FROM `{table}` WHERE lock_key = 'queued' AND expires_at > UTC_TIMESTAMP(6)"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    for t in [
+        table.clone(),
+        format!("{table}_floor"),
+        format!("{table}_queue"),
+    ] {
+        sqlx::query(&format!("DROP TABLE `{t}`"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        statements, 1,
+        "a free key with an empty queue took {statements} statements"
+    );
+    assert!(
+        barged.is_err(),
+        "the newcomer passed a live place: {barged:?}"
+    );
+    assert_eq!(
+        held, 0,
+        "the newcomer's statement took the key past a live place"
+    );
+}

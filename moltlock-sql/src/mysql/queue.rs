@@ -1,6 +1,8 @@
 //! The fair queue's places (see the crate's `fair` module) in the table
-//! `<table>_queue` beside the locks, numbered by `AUTO_INCREMENT`. A look
-//! is one upsert and one read; dead places of the key are deleted only
+//! `<table>_queue` beside the locks, numbered by `AUTO_INCREMENT`. A free
+//! key with no live place is taken in one statement, the plain
+//! acquisition fed by a `SELECT` that yields no row while a place lives. A
+//! look is one upsert and one read; dead places of the key are deleted only
 //! when the read found some (a range delete takes gap locks, so it stays
 //! off the common path).
 //!
@@ -16,18 +18,20 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use moltlock_core::{Error, LockKey, Token};
+use moltlock_core::{CasOutcome, Error, Held, LockKey, Token};
 
-use super::{MySql, NOW};
+use super::{take, upsert, MySql, NOW};
 use crate::config::SqlConfig;
 use crate::convert::micros;
-use crate::dialect::{DbResult, Queue, Shared};
+use crate::dialect::{DbResult, Queue, Shared, Write};
 
 /// The queue's statements, built once from a validated name.
 pub(super) struct QueueSql {
     /// Its `CREATE TABLE`.
     pub(super) ddl: String,
     occupied: String,
+    /// The acquisition of a key with no live place (see `take_unqueued`).
+    take: String,
     place: String,
     ahead: String,
     purge: String,
@@ -36,7 +40,8 @@ pub(super) struct QueueSql {
 
 impl QueueSql {
     pub(super) fn new(cfg: &SqlConfig) -> Result<Self, Error> {
-        let q = format!("`{}_queue`", cfg.checked_table()?);
+        let name = cfg.checked_table()?;
+        let q = format!("`{name}_queue`");
         let bin = "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL";
         Ok(Self {
             ddl: format!(
@@ -46,6 +51,16 @@ impl QueueSql {
             ),
             occupied: format!(
                 "SELECT EXISTS (SELECT 1 FROM {q} WHERE lock_key = ? AND alive_until > {NOW})"
+            ),
+            // A live place makes the `SELECT` yield no row: nothing is
+            // written, and the insert id is 0.
+            take: upsert(
+                name,
+                "SELECT ",
+                &format!(
+                    " FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM {q} \
+                     WHERE lock_key = ? AND alive_until > {NOW})"
+                ),
             ),
             // `LAST_INSERT_ID(seq)` reports the place's number when it
             // already existed, too.
@@ -106,6 +121,19 @@ impl Queue for Shared<MySql> {
                 .await?;
         }
         Ok(u64::try_from(ahead).unwrap_or(0))
+    }
+
+    /// One statement: the plain acquisition, whose new row comes from a
+    /// `SELECT` that yields none while the key has a live place. The
+    /// statement reads the queue with a shared lock on the key's range of
+    /// places, so no place can be taken between its look and its write.
+    async fn take_unqueued(&self, w: Write<'_>) -> DbResult<Option<CasOutcome>> {
+        let sql = &self.dialect.queue.take;
+        let taken = take(&self.pool, sql, w.key, w.new, w.ttl, Some(w.key)).await?;
+        Ok(Some(match taken {
+            Some(fence) => CasOutcome::Acquired { fence },
+            None => CasOutcome::Held(Held::default()),
+        }))
     }
 
     async fn leave(&self, key: &LockKey, owner: &Token) -> DbResult<()> {
