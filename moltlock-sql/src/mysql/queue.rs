@@ -124,9 +124,12 @@ impl Queue for Shared<MySql> {
     }
 
     /// One statement: the plain acquisition, whose new row comes from a
-    /// `SELECT` that yields none while the key has a live place. The
-    /// statement reads the queue with a shared lock on the key's range of
-    /// places, so no place can be taken between its look and its write.
+    /// `SELECT` that yields none while the key has a live place. At the
+    /// default isolation level (`REPEATABLE READ`) the statement reads the
+    /// queue with a shared lock on the key's range of places, so no place
+    /// can be taken between its look and its write; under `READ COMMITTED`
+    /// it reads a snapshot, and a place taken in that instant is passed
+    /// once, as a plain `lock()` may pass it.
     async fn take_unqueued(&self, w: Write<'_>) -> DbResult<Option<CasOutcome>> {
         let sql = &self.dialect.queue.take;
         let taken = take(&self.pool, sql, w.key, w.new, w.ttl, Some(w.key)).await?;
