@@ -4,7 +4,9 @@
 //! A free key with an empty queue is taken at once, with no place: one Txn
 //! takes the lock key only if no entry is under the queue prefix.
 //! Otherwise a waiter puts `<prefix><key>\0queue/<token>` on its session
-//! lease. The entry with the lowest create revision is the head: it takes
+//! lease, and the same Txn reads the newest two entries: its own and the
+//! one just before it, which it watches. The entry with the lowest create
+//! revision is the head: it takes
 //! the lock key with the same Txn as [`Backend::cas`](moltlock_core::Backend::cas),
 //! whose compares also check that its entry is intact and none is ahead
 //! of it (watching the lock key while someone else holds it). Every other
@@ -18,7 +20,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
+};
 use moltlock_core::{CasOutcome, Error, Fence, LockKey, Token};
 
 use crate::core::Core;
@@ -60,10 +65,15 @@ pub(crate) async fn acquire(
         core: core.clone(),
         entry: Some(core.keys.queue_entry(key, token)),
     };
-    let mut my_rev = enqueue(core, key, token, ttl).await?;
+    let (mut my_rev, mut ahead) = enqueue(core, key, token, ttl).await?;
     let mut woken = false;
     loop {
-        match step(core, key, token, ttl, (my_rev, woken)).await {
+        let place = Place {
+            rev: my_rev,
+            woken,
+            ahead: ahead.take(),
+        };
+        match step(core, key, token, ttl, place).await {
             Ok(Step::Taken(fence)) => {
                 guard.entry = None;
                 return Ok(fence);
@@ -83,6 +93,20 @@ pub(crate) async fn acquire(
     }
 }
 
+/// The entry just before ours and the header revision of the read that
+/// found it (`None`: no entry is ahead of ours).
+type Ahead = Option<(Vec<u8>, i64)>;
+
+/// Where a waiter stands before one look.
+struct Place {
+    /// The create revision of its entry.
+    rev: i64,
+    /// Whether an event that concerns it just came.
+    woken: bool,
+    /// The entry ahead, when the Txn that queued it has just read it.
+    ahead: Option<Ahead>,
+}
+
 /// One look at the queue: take the key if we are the head and it is free,
 /// otherwise wait for the one event that concerns us (or a refresh period).
 /// Just `woken` by such an event, we try the key at once: the Txn itself
@@ -93,12 +117,17 @@ async fn step(
     key: &LockKey,
     token: &Token,
     ttl: Duration,
-    (my_rev, woken): (i64, bool),
+    place: Place,
 ) -> Result<Step, Error> {
+    let (my_rev, woken) = (place.rev, place.woken);
     let period = core.session.secs_for(ttl);
     let period = Duration::from_secs(period) / 3;
     if !woken {
-        if let Some((pred, seen)) = predecessor(core, key, my_rev).await? {
+        let ahead = match place.ahead {
+            Some(known) => known,
+            None => predecessor(core, key, my_rev).await?,
+        };
+        if let Some((pred, seen)) = ahead {
             return wait(core, &pred, seen + 1, period).await;
         }
     }
@@ -159,9 +188,22 @@ async fn wait(core: &Core, key: &[u8], from: i64, period: Duration) -> Result<St
     }
 }
 
-/// Puts our queue entry on the session lease; returns its create revision.
-async fn enqueue(core: &Core, key: &LockKey, token: &Token, ttl: Duration) -> Result<i64, Error> {
+/// Puts our queue entry on the session lease; returns its create revision
+/// and, read by the same Txn, the entry just before it (`None` when the
+/// answer does not show it plainly: the caller reads it then).
+async fn enqueue(
+    core: &Core,
+    key: &LockKey,
+    token: &Token,
+    ttl: Duration,
+) -> Result<(i64, Option<Ahead>), Error> {
     let entry = core.keys.queue_entry(key, token);
+    // The newest two entries, after our put: ours, and the one before it.
+    let newest = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(2)
+        .with_keys_only();
     let mut retried = false;
     loop {
         let lease = core.session.lease_for(ttl).await?;
@@ -170,15 +212,36 @@ async fn enqueue(core: &Core, key: &LockKey, token: &Token, ttl: Duration) -> Re
             token.as_str(),
             Some(PutOptions::new().with_lease(lease.id)),
         );
-        match core.io.txn(Txn::new().and_then([put])).await {
+        let read = TxnOp::get(core.keys.queue(key), Some(newest.clone()));
+        match core.io.txn(Txn::new().and_then([put, read])).await {
             Err(e) if is_lease_not_found(&e) && !retried => {
                 core.session.forget(lease.id);
                 retried = true;
             }
             Err(e) => return Err(map(e)),
-            Ok(resp) => return header_revision(&resp),
+            Ok(resp) => return placed(&resp, &entry),
         }
     }
+}
+
+/// Our entry's create revision and the entry ahead of it, from the answer
+/// of [`enqueue`]'s Txn. The entry ahead is known only when the newest
+/// entry is ours, created by this very Txn.
+fn placed(resp: &TxnResponse, entry: &[u8]) -> Result<(i64, Option<Ahead>), Error> {
+    let rev = header_revision(resp)?;
+    let newest = resp.op_responses().into_iter().find_map(|op| match op {
+        TxnOpResponse::Get(g) => Some(g),
+        _ => None,
+    });
+    let Some(newest) = newest else {
+        return Ok((rev, None));
+    };
+    let kvs = newest.kvs();
+    let ours = kvs
+        .first()
+        .is_some_and(|kv| kv.key() == entry && kv.create_revision() == rev);
+    let ahead = kvs.get(1).map(|kv| (kv.key().to_vec(), rev));
+    Ok((rev, ours.then_some(ahead)))
 }
 
 /// The entry just before ours (highest create revision below `my_rev`) and
@@ -218,7 +281,7 @@ async fn keep_place(
         return Ok(my_rev);
     }
     tracing::warn!(%key, "the fair-queue entry vanished with its lease; queueing again");
-    enqueue(core, key, token, ttl).await
+    Ok(enqueue(core, key, token, ttl).await?.0)
 }
 
 /// Removes the queue entry of a fair acquire that was dropped or failed.

@@ -9,7 +9,7 @@ use moltlock_core::{
     Backend, CasOutcome, Error, Fence, LockKey, LockManager, LockOptions, RetryPolicy, Token,
 };
 use moltlock_etcd::{EtcdBackend, EtcdConfig};
-use moltlock_fixtures::etcd::{etcd, start_single, Etcd};
+use moltlock_fixtures::etcd::{etcd, start_single, Etcd, EtcdMember};
 use tokio::time::Instant;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -509,5 +509,58 @@ async fn backend_from_an_application_client() -> TestResult {
         EtcdBackend::from_client(app, EtcdConfig::default().session_ttl(Duration::ZERO)),
         Err(Error::Config(_))
     ));
+    Ok(())
+}
+
+/// Waits (at most 5 s) until `member` has answered `n` more Txns than
+/// `from`.
+async fn txns_reach(member: &EtcdMember, from: u64, n: u64) -> TestResult {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while member.kv_requests("Txn")? < from + n {
+        if Instant::now() > deadline {
+            return Err(format!("etcd answered fewer than {n} Txns within 5 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+/// A fair waiter joins the queue with one Txn that also reads the entry
+/// ahead of its own: queueing behind a holder, and behind another waiter,
+/// sends no separate read. The queue still serves in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_reads_its_place_in_the_txn_that_queues_it() -> TestResult {
+    let own = start_single()?;
+    let fair = || LockOptions::new().fair();
+    let mut managers = Vec::new();
+    for _ in 0..3 {
+        managers.push(manager(
+            open(&[own.endpoint()]).await?,
+            Duration::from_secs(10),
+        )?);
+    }
+    let k = key("queue-read");
+    let first = managers[0].acquire(&k, fair()).await?.ok_or("no guard")?;
+    let (ranges, txns) = (own.kv_requests("Range")?, own.kv_requests("Txn")?);
+    // The second: a take that finds the key held, the Txn that queues it,
+    // and its take as the head, which finds the key held too.
+    let (m, kk) = (managers[1].clone(), k.clone());
+    let second = tokio::spawn(async move { m.acquire(&kk, fair()).await });
+    txns_reach(&own, txns, 3).await?;
+    // The third: a take, and the Txn that queues it behind the second.
+    let (m, kk) = (managers[2].clone(), k.clone());
+    let third = tokio::spawn(async move { m.acquire(&kk, fair()).await });
+    txns_reach(&own, txns, 5).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reads = own.kv_requests("Range")? - ranges;
+    assert_eq!(reads, 0, "queueing two waiters sent {reads} separate reads");
+
+    first.release().await?;
+    let second = tokio::time::timeout(Duration::from_secs(5), second).await???;
+    let second = second.ok_or("no guard")?;
+    assert!(!third.is_finished(), "the third waiter passed the second");
+    second.release().await?;
+    let third = tokio::time::timeout(Duration::from_secs(5), third).await???;
+    third.ok_or("no guard")?.release().await?;
     Ok(())
 }
