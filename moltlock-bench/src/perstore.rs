@@ -44,8 +44,9 @@ impl Report {
             );
         }
         for p in self.peers.iter().filter(|p| p.store == b.store) {
-            let loops = (Some(&p.uncontended), None);
-            row(s, b, &p.name, loops, p.contended.as_ref());
+            // Its single-task ratio is to the floor measured in turns with it.
+            let one = Some(Against(&p.uncontended, &p.floor));
+            write_row(s, b, &p.name, (one, None), p.contended.as_ref());
         }
         s.push('\n');
     }

@@ -102,9 +102,11 @@ pub struct PeerReport {
     pub name: String,
     /// The store it runs on.
     pub store: String,
+    /// The store's floor, one task, measured in turns with `uncontended`.
+    pub floor: LoopResult,
     /// One task on distinct keys.
     pub uncontended: LoopResult,
-    /// Its ratio to the floor of its store.
+    /// Its ratio to `floor`.
     pub uncontended_ratio: f64,
     /// Contention on one key.
     pub contended: Option<ContendedResult>,
@@ -226,7 +228,7 @@ impl Report {
             }
         }
         for p in &self.peers {
-            let floor = self.backend(&p.store).map_or(0.0, |b| b.floor.per_sec);
+            let floor = p.floor.per_sec;
             let _ = writeln!(
                 s,
                 "| {} | | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | | | |",

@@ -247,12 +247,7 @@ pub async fn run(a: &Args) -> Report {
     }
     if a.peers {
         for t in &targets {
-            let floor = report
-                .backends
-                .iter()
-                .find(|b| b.store == t.label())
-                .map_or(0.0, |b| b.floor.per_sec);
-            if let Some(p) = run_peer(t, a, floor).await {
+            if let Some(p) = run_peer(t, a).await {
                 report.peers.push(p);
             }
         }
@@ -408,7 +403,7 @@ fn per_acquisition(res: &mut crate::workload::ContendedResult, reader: &CountRea
     res.waits_per_acquisition = Some(ratio(counts.waits as f64, n));
 }
 
-async fn run_peer(t: &Target, a: &Args, floor_per_sec: f64) -> Option<PeerReport> {
+async fn run_peer(t: &Target, a: &Args) -> Option<PeerReport> {
     let name = match t.store {
         Store::Redis => "rslock (Redlock, 1 Redis)",
         Store::Etcd => "etcd Lock RPC",
@@ -424,7 +419,7 @@ async fn run_peer(t: &Target, a: &Args, floor_per_sec: f64) -> Option<PeerReport
         eprintln!("moltlock-bench: {name}: {e}");
         p.error = Some(e);
     }
-    p.uncontended_ratio = ratio(p.uncontended.per_sec, floor_per_sec);
+    p.uncontended_ratio = ratio(p.uncontended.per_sec, p.floor.per_sec);
     Some(p)
 }
 
@@ -437,12 +432,17 @@ async fn peer_locker(t: &Target) -> Result<Arc<dyn Locker>, String> {
     }
 }
 
+/// The peer's single task against the floor, in alternating rounds as
+/// MoltLock's, then its contended run.
 async fn measure_peer(t: &Target, a: &Args, p: &mut PeerReport) -> Result<(), String> {
+    let floor = Floor::connect(t).await?;
     let one = peer_locker(t).await?;
-    let cycler: Arc<dyn Cycler> = Arc::new(LockerCycler(one.clone()));
-    let res = closed_loop(cycler, keys(t, "peer-u"), 1, bounds(a)).await;
+    let floor_c: Arc<dyn Cycler> = Arc::new(floor.clone());
+    let peer_c: Arc<dyn Cycler> = Arc::new(LockerCycler(one.clone()));
+    let loops = ((floor_c, keys(t, "floor-r")), (peer_c, keys(t, "peer-u")));
+    let res = paired(loops.0, loops.1, 1, bounds(a), a.rounds).await;
     one.close().await;
-    p.uncontended = res?;
+    (p.floor, p.uncontended) = res?;
     let mut lockers = Vec::new();
     for _ in 0..a.contenders.max(1) {
         lockers.push(peer_locker(t).await?);
@@ -452,11 +452,8 @@ async fn measure_peer(t: &Target, a: &Args, p: &mut PeerReport) -> Result<(), St
         l.close().await;
     }
     p.contended = Some(res?);
-    if t.store == Store::Etcd {
-        // The Lock RPC's keys live under the run's prefix; remove leftovers.
-        Floor::connect(t).await?.cleanup().await?;
-    }
-    Ok(())
+    // The floor's and the Lock RPC's keys live under the run's prefix.
+    floor.cleanup().await
 }
 
 #[cfg(test)]
