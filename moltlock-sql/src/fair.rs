@@ -269,8 +269,16 @@ impl<D: Dialect> SqlBackend<D> {
                 None => None,
             },
         };
-        if let Some(fence) = self.take_unqueued(key, token, ttl).await? {
-            return Ok(fence);
+        // A try that failed retryably (a deadlock over the queue's range
+        // locks, a timeout) queues: a hold it may have taken is found as
+        // its own by the head's take.
+        match self.take_unqueued(key, token, ttl).await {
+            Ok(Some(fence)) => return Ok(fence),
+            Ok(None) => {}
+            Err(e) if e.is_retryable() => {
+                tracing::debug!(%key, error = %e, "fair take of a free key failed; queueing");
+            }
+            Err(e) => return Err(e),
         }
         let mut place = Place {
             backend: self.clone(),

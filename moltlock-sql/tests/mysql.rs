@@ -228,3 +228,84 @@ async fn a_fair_take_of_a_free_key_is_one_statement_that_minds_the_queue() {
         "the newcomer's statement took the key past a live place"
     );
 }
+
+/// A fair take of a free key that the database picks as a deadlock's
+/// victim queues instead of failing the acquisition: here another
+/// transaction holds the key's row while the take has read the queue, then
+/// puts a place in the range the take read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_take_that_loses_a_deadlock_queues() {
+    use moltlock_core::{LockManager, LockOptions, Token};
+    use sqlx::Connection;
+    use std::time::Duration;
+    let url = url().unwrap_or_else(|e| panic!("{e}"));
+    let table = format!("dl_{}", &Token::random().as_str().replace('-', "")[..12]);
+    let b = MySqlBackend::connect(SqlConfig::from_url(&url).unwrap().table(&table))
+        .await
+        .unwrap();
+    let manager = LockManager::new(b);
+    // The key's row exists (a release expires it rather than deleting it).
+    manager.lock("k").await.unwrap().release().await.unwrap();
+    let mut other = sqlx::MySqlConnection::connect(&url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    // Rows written make this transaction the heavier one, which the
+    // database keeps when it breaks the deadlock.
+    for i in 0..50 {
+        sqlx::query(&format!(
+            "INSERT INTO `{table}_floor` (lock_key, floor) VALUES ('pad/{i}', 1)"
+        ))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    }
+    sqlx::query(&format!(
+        "UPDATE `{table}` SET owner = 'other', expires_at = UTC_TIMESTAMP(6) + INTERVAL 30 SECOND \
+         WHERE lock_key = 'k'"
+    ))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let m = manager.clone();
+    let waiter = tokio::spawn(async move { m.acquire("k", LockOptions::new().fair()).await });
+    // The take has read the queue's range and waits for the row.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let placed = sqlx::query(&format!(
+        "INSERT INTO `{table}_queue` (lock_key, owner, alive_until) \
+         VALUES ('k', 'other', UTC_TIMESTAMP(6) + INTERVAL 30 SECOND)"
+    ))
+    .execute(&mut *tx)
+    .await;
+    let other_won = placed.is_ok();
+    if other_won {
+        tx.commit().await.unwrap();
+        // The other side leaves; the queued waiter becomes the head.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for stmt in [
+            format!("DELETE FROM `{table}_queue` WHERE owner = 'other'"),
+            format!(
+                "UPDATE `{table}` SET expires_at = '1970-01-01 00:00:01' WHERE owner = 'other'"
+            ),
+        ] {
+            sqlx::query(&stmt).execute(&mut other).await.unwrap();
+        }
+    } else {
+        tx.rollback().await.unwrap_or_else(|e| panic!("{e}"));
+    }
+    let got = tokio::time::timeout(Duration::from_secs(10), waiter).await;
+    for t in [
+        table.clone(),
+        format!("{table}_floor"),
+        format!("{table}_queue"),
+    ] {
+        sqlx::query(&format!("DROP TABLE `{t}`"))
+            .execute(&mut other)
+            .await
+            .unwrap();
+    }
+    assert!(
+        other_won,
+        "the database chose the other transaction as the victim: {placed:?}"
+    );
+    let got = got.unwrap().unwrap();
+    assert!(got.is_ok(), "the fair acquisition failed: {got:?}");
+}
