@@ -269,13 +269,17 @@ impl<D: Dialect> SqlBackend<D> {
                 None => None,
             },
         };
-        // A try that failed retryably (a deadlock over the queue's range
-        // locks, a timeout) queues: a hold it may have taken is found as
-        // its own by the head's take.
+        // A try that lost to contention (a deadlock over the queue's range
+        // locks, a lock wait timeout) queues. A database that cannot be
+        // reached fails the acquisition, as before it queued.
         match self.take_unqueued(key, token, ttl).await {
             Ok(Some(fence)) => return Ok(fence),
             Ok(None) => {}
-            Err(e) if e.is_retryable() => {
+            Err(
+                e @ Error::Store {
+                    retryable: true, ..
+                },
+            ) => {
                 tracing::debug!(%key, error = %e, "fair take of a free key failed; queueing");
             }
             Err(e) => return Err(e),

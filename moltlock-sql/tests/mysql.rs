@@ -309,3 +309,41 @@ async fn a_fair_take_that_loses_a_deadlock_queues() {
     let got = got.unwrap().unwrap();
     assert!(got.is_ok(), "the fair acquisition failed: {got:?}");
 }
+
+/// A fair acquisition from a database that cannot be reached fails at
+/// once, as a plain one does, instead of queueing and looking again for
+/// ever.
+#[tokio::test]
+async fn a_fair_acquire_from_a_database_out_of_reach_fails() {
+    use moltlock_core::{Backend, Error, LockKey, Token};
+    use std::time::Duration;
+    let url = url().unwrap_or_else(|e| panic!("{e}"));
+    let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+    let table = format!("gone_{}", &Token::random().as_str().replace('-', "")[..12]);
+    let b = MySqlBackend::from_client(pool.clone(), SqlConfig::default().table(&table))
+        .await
+        .unwrap();
+    for t in [
+        table.clone(),
+        format!("{table}_floor"),
+        format!("{table}_queue"),
+    ] {
+        sqlx::query(&format!("DROP TABLE `{t}`"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    pool.close().await;
+    let fair = b.fair_queue().unwrap();
+    let k = LockKey::new("k").unwrap();
+    let ttl = Duration::from_secs(10);
+    let got = tokio::time::timeout(
+        Duration::from_secs(5),
+        fair.acquire(&k, &Token::random(), ttl),
+    )
+    .await;
+    assert!(
+        matches!(got, Ok(Err(Error::Unavailable { .. }))),
+        "expected a prompt Unavailable, got {got:?}"
+    );
+}

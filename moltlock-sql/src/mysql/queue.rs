@@ -129,7 +129,10 @@ impl Queue for Shared<MySql> {
     /// queue with a shared lock on the key's range of places, so no place
     /// can be taken between its look and its write; under `READ COMMITTED`
     /// it reads a snapshot, and a place taken in that instant is passed
-    /// once, as a plain `lock()` may pass it.
+    /// once, as a plain `lock()` may pass it. Binary logging in the
+    /// `STATEMENT` format flags the statement as unsafe (an `INSERT …
+    /// SELECT … ON DUPLICATE KEY UPDATE`) and warns on each one; the
+    /// `MIXED` (MariaDB's default) and `ROW` formats log its rows.
     async fn take_unqueued(&self, w: Write<'_>) -> DbResult<Option<CasOutcome>> {
         let sql = &self.dialect.queue.take;
         let taken = take(&self.pool, sql, w.key, w.new, w.ttl, Some(w.key)).await?;
