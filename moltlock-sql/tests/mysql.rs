@@ -76,13 +76,7 @@ async fn release_writes_an_expiry_no_clock_step_revives() {
     .fetch_one(&mut conn)
     .await
     .unwrap();
-    for stmt in [
-        format!("DROP TABLE `{table}`"),
-        format!("DROP TABLE `{table}_floor`"),
-        format!("DROP TABLE `{table}_queue`"),
-    ] {
-        sqlx::query(&stmt).execute(&mut conn).await.unwrap();
-    }
+    drop_tables(&mut conn, &table).await;
     assert_eq!(
         past, 1,
         "the release wrote an expiry a backward clock step can revive"
@@ -130,17 +124,22 @@ async fn a_backend_on_the_applications_pool_leaves_it_usable() {
     assert!(g.is_held());
     g.release().await.unwrap();
     // The application's pool still serves the application: it drops the table.
+    drop_tables(&mut pool.acquire().await.unwrap(), &table).await;
+    assert!(!pool.is_closed());
+}
+
+/// Drops the three tables of the backend on `table`.
+async fn drop_tables(conn: &mut sqlx::MySqlConnection, table: &str) {
     for t in [
-        table.clone(),
+        table.to_owned(),
         format!("{table}_floor"),
         format!("{table}_queue"),
     ] {
         sqlx::query(&format!("DROP TABLE `{t}`"))
-            .execute(&pool)
+            .execute(&mut *conn)
             .await
-            .unwrap();
+            .unwrap_or_else(|e| panic!("{e}"));
     }
-    assert!(!pool.is_closed());
 }
 
 /// The prepared statements the server has run on `pool`'s one connection
@@ -205,16 +204,7 @@ async fn a_fair_take_of_a_free_key_is_one_statement_that_minds_the_queue() {
     .fetch_one(&pool)
     .await
     .unwrap();
-    for t in [
-        table.clone(),
-        format!("{table}_floor"),
-        format!("{table}_queue"),
-    ] {
-        sqlx::query(&format!("DROP TABLE `{t}`"))
-            .execute(&pool)
-            .await
-            .unwrap();
-    }
+    drop_tables(&mut pool.acquire().await.unwrap(), &table).await;
     assert_eq!(
         statements, 1,
         "a free key with an empty queue took {statements} statements"
@@ -292,16 +282,7 @@ async fn a_fair_take_that_loses_a_deadlock_queues() {
         tx.rollback().await.unwrap_or_else(|e| panic!("{e}"));
     }
     let got = tokio::time::timeout(Duration::from_secs(10), waiter).await;
-    for t in [
-        table.clone(),
-        format!("{table}_floor"),
-        format!("{table}_queue"),
-    ] {
-        sqlx::query(&format!("DROP TABLE `{t}`"))
-            .execute(&mut other)
-            .await
-            .unwrap();
-    }
+    drop_tables(&mut other, &table).await;
     assert!(
         other_won,
         "the database chose the other transaction as the victim: {placed:?}"
@@ -323,16 +304,7 @@ async fn a_fair_acquire_from_a_database_out_of_reach_fails() {
     let b = MySqlBackend::from_client(pool.clone(), SqlConfig::default().table(&table))
         .await
         .unwrap();
-    for t in [
-        table.clone(),
-        format!("{table}_floor"),
-        format!("{table}_queue"),
-    ] {
-        sqlx::query(&format!("DROP TABLE `{t}`"))
-            .execute(&pool)
-            .await
-            .unwrap();
-    }
+    drop_tables(&mut pool.acquire().await.unwrap(), &table).await;
     pool.close().await;
     let fair = b.fair_queue().unwrap();
     let k = LockKey::new("k").unwrap();
