@@ -224,7 +224,8 @@ pub struct ContendedResult {
     pub acquisitions: u64,
     /// Acquisitions per second.
     pub per_sec: f64,
-    /// Share of acquisitions won by the task that had just released.
+    /// Share of acquisitions won by the task that had just released, after
+    /// the first round (one acquisition per task, while the tasks join).
     pub releaser_won: f64,
     /// From one holder's release returning to another task's lock returning.
     pub handoff: Summary,
@@ -348,7 +349,11 @@ fn analyse(mut recs: Vec<Rec>, shared: &Shared, tasks: usize, elapsed: f64) -> C
     recs.sort_by_key(|r| r.acquired);
     let mut handoff = Vec::new();
     let (mut same, mut overlaps, mut backwards) = (0u64, 0u64, 0u64);
-    for pair in recs.windows(2) {
+    // The first round, while the tasks join the queue, is left out of
+    // "releaser won": a holder that releases before any other task has
+    // joined takes the key again with none passed.
+    let first_round = tasks.saturating_sub(1);
+    for (i, pair) in recs.windows(2).enumerate() {
         let (a, b) = (pair[0], pair[1]);
         if b.acquired < a.release_start {
             overlaps += 1;
@@ -357,7 +362,7 @@ fn analyse(mut recs: Vec<Rec>, shared: &Shared, tasks: usize, elapsed: f64) -> C
             backwards += u64::from(after <= before);
         }
         if a.task == b.task {
-            same += 1;
+            same += u64::from(i >= first_round);
         } else {
             handoff.push(b.acquired.saturating_duration_since(a.released));
         }
@@ -379,7 +384,10 @@ fn analyse(mut recs: Vec<Rec>, shared: &Shared, tasks: usize, elapsed: f64) -> C
         } else {
             0.0
         },
-        releaser_won: crate::stats::ratio(same as f64, n.saturating_sub(1) as f64),
+        releaser_won: crate::stats::ratio(
+            same as f64,
+            n.saturating_sub(1 + first_round as u64) as f64,
+        ),
         handoff: Summary::of(&mut handoff),
         max_wait_us: shared.max_wait_us.load(Ordering::Relaxed) as f64,
         overlaps: overlaps.max(shared.live_overlaps.load(Ordering::Relaxed)),
@@ -418,6 +426,54 @@ mod tests {
         duration: Duration::from_secs(2),
         max_cycles: u64::MAX,
     };
+
+    /// The tasks' records, one per acquisition, in order, 1 ms apart.
+    fn records(tasks: &[usize]) -> Vec<Rec> {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis(1);
+        tasks
+            .iter()
+            .enumerate()
+            .map(|(i, &task)| {
+                let acquired = t0 + ms * (2 * i as u32);
+                Rec {
+                    task,
+                    fence: Some(i as u64 + 1),
+                    acquired,
+                    release_start: acquired + ms / 2,
+                    released: acquired + ms,
+                }
+            })
+            .collect()
+    }
+
+    fn shared() -> Shared {
+        Shared {
+            inside: AtomicU64::new(0),
+            live_overlaps: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
+            max_wait_us: AtomicU64::new(0),
+        }
+    }
+
+    /// A holder that takes the key again in the first round, before the
+    /// other tasks joined, does not count as a releaser winning; one that
+    /// does so later counts.
+    #[tokio::test(start_paused = true)]
+    async fn releaser_won_leaves_out_the_first_round() {
+        let first = records(&[0, 0, 1, 2, 0, 1, 2, 0, 1, 2]);
+        let r = analyse(first, &shared(), 3, 1.0);
+        assert_eq!(r.releaser_won, 0.0);
+        let later = records(&[0, 1, 2, 0, 1, 2, 2, 0, 1, 2]);
+        let r = analyse(later, &shared(), 3, 1.0);
+        assert!(
+            (r.releaser_won - 1.0 / 7.0).abs() < 1e-9,
+            "{}",
+            r.releaser_won
+        );
+        assert_eq!(r.fence_backwards, 0);
+    }
 
     /// Two identical cyclers measured one after the other on a slowing
     /// machine differ; measured in alternating rounds they come out alike.
