@@ -108,12 +108,13 @@ pub trait RaiseFence: Send + Sync {
 
 /// A first-come, first-served queue per key.
 ///
-/// "First" is the order in which the store recorded the waiters' places.
-/// A waiter that asks after another's place is recorded is served after
-/// it, and a fair newcomer never takes a free key while a live place is
-/// recorded. Waiters whose requests to join are in flight together may be
-/// served in either order (on the SQL stores a place's number is drawn
-/// before its write commits, so numbers and commits may cross).
+/// "First" is the order in which the store recorded the waiters' places:
+/// a fair acquisition that asks after another waiter's place is recorded
+/// is served after that waiter, even when it finds the key free.
+/// Acquisitions whose requests are in flight together may be served in
+/// either order (on the SQL stores a place's number is drawn before its
+/// write commits, so numbers and commits may cross, and a take that read
+/// the queue before a place was recorded may land after it).
 #[async_trait]
 pub trait FairQueue: Send + Sync {
     /// Waits in the queue for `key`, then holds it as `token`.
