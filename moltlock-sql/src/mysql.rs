@@ -153,7 +153,16 @@ impl Ops for MySql {
 
     /// One statement; only when the key is held, a read of who holds it.
     async fn acquire(db: &Shared<Self>, w: Write<'_>) -> DbResult<CasOutcome> {
-        match take(&db.pool, &db.dialect.sql.acquire, w.key, w.new, w.ttl, None).await? {
+        match take(
+            &db.pool,
+            &db.dialect.sql.acquire,
+            w.key,
+            w.new,
+            w.ttl,
+            false,
+        )
+        .await?
+        {
             Some(fence) => Ok(CasOutcome::Acquired { fence }),
             None => Ok(held(read(db, w.key).await?)),
         }
@@ -244,16 +253,16 @@ impl Ops for MySql {
     }
 }
 
-/// Runs the acquisition statement `sql` of `key` on `conn` (with `queued`,
-/// the key of its queue's look): the fence taken, or `None` when nothing
-/// was written.
+/// Runs the acquisition statement `sql` of `key` on `conn`: the fence
+/// taken, or `None` when nothing was written. With `minds_queue`, the
+/// statement's look at the queue takes the key once more, last.
 pub(super) async fn take<'c, E>(
     conn: E,
     sql: &str,
     key: &LockKey,
     new: &Token,
     ttl: Duration,
-    queued: Option<&LockKey>,
+    minds_queue: bool,
 ) -> Result<Option<Fence>, sqlx::Error>
 where
     E: sqlx::Executor<'c, Database = sqlx::MySql>,
@@ -263,8 +272,8 @@ where
         .bind(new.as_str())
         .bind(key.as_str())
         .bind(micros(ttl));
-    if let Some(queued) = queued {
-        query = query.bind(queued.as_str());
+    if minds_queue {
+        query = query.bind(key.as_str());
     }
     let done = query.execute(conn).await?;
     Ok(match done.last_insert_id() {

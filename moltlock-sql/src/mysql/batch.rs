@@ -84,7 +84,7 @@ impl AllJob {
         let mut taken = Vec::with_capacity(self.keys.len());
         for i in write_order(&self.keys, MultiMode::All) {
             let key = &self.keys[i];
-            match take(&mut *tx, &self.acquire, key, &self.new, self.ttl, None).await? {
+            match take(&mut *tx, &self.acquire, key, &self.new, self.ttl, false).await? {
                 Some(fence) => taken.push((i, fence)),
                 None => {
                     tx.rollback().await?;
@@ -100,7 +100,7 @@ impl AllJob {
 async fn any(db: &Shared<MySql>, m: Multi<'_>) -> DbResult<MultiOutcome> {
     let sql = &db.dialect.sql;
     for (i, key) in m.keys.iter().enumerate() {
-        if let Some(fence) = take(&db.pool, &sql.acquire, key, m.new, m.ttl, None).await? {
+        if let Some(fence) = take(&db.pool, &sql.acquire, key, m.new, m.ttl, false).await? {
             return Ok(MultiOutcome::Acquired(vec![(i, fence)]));
         }
     }

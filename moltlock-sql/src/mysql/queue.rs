@@ -135,7 +135,7 @@ impl Queue for Shared<MySql> {
     /// `MIXED` (MariaDB's default) and `ROW` formats log its rows.
     async fn take_unqueued(&self, w: Write<'_>) -> DbResult<Option<CasOutcome>> {
         let sql = &self.dialect.queue.take;
-        let taken = take(&self.pool, sql, w.key, w.new, w.ttl, Some(w.key)).await?;
+        let taken = take(&self.pool, sql, w.key, w.new, w.ttl, true).await?;
         Ok(Some(match taken {
             Some(fence) => CasOutcome::Acquired { fence },
             None => CasOutcome::Held(Held::default()),
