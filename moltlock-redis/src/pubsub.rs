@@ -13,9 +13,14 @@
 //! A release that hands the next turn to one instance (see the `ACQUIRE`
 //! and `RELEASE` scripts) names it: `turn:<instance id>`, and one whose
 //! key has a fair queue names its head: `fair:<token>`. The instance, or
-//! the fair waiter, named is woken at once; everyone else one [`TURN`]
-//! later (at most one such wake per key and turn), when the turn has been
-//! taken or has lapsed, so a release sets one waiter going, not all.
+//! the fair waiter, named is woken at once; the plain waiters of other
+//! instances one [`TURN`] later (at most one such wake per key and turn),
+//! when the turn has been taken or has lapsed, so a release sets one
+//! waiter going, not all. Of the fair waiters not named, only the one
+//! whose last look found it next in line is woken a turn later (should
+//! the head be gone, it finds out then); the others are not woken: the
+//! release left their places as they were, and each renews its own on its
+//! clock (a look would only renew it early).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -43,9 +48,44 @@ const TURN_TAG: &str = "turn:";
 /// head's token.
 const FAIR_TAG: &str = "fair:";
 
+/// The generation counters of one key's release channel, one per kind of
+/// waiter: a release that names a fair waiter wakes the plain waiters and
+/// the fair waiter next in line a turn later, and the other fair waiters
+/// not at all.
+struct Bells {
+    plain: watch::Sender<u64>,
+    next: watch::Sender<u64>,
+    fair: watch::Sender<u64>,
+}
+
+impl Bells {
+    fn new() -> Self {
+        Self {
+            plain: watch::channel(0).0,
+            next: watch::channel(0).0,
+            fair: watch::channel(0).0,
+        }
+    }
+
+    fn ring(&self) {
+        ring(&self.plain);
+        ring(&self.next);
+        ring(&self.fair);
+    }
+
+    /// How many waiters listen.
+    fn listeners(&self) -> usize {
+        self.plain.receiver_count() + self.next.receiver_count() + self.fair.receiver_count()
+    }
+}
+
+fn ring(tx: &watch::Sender<u64>) {
+    tx.send_modify(|g| *g = g.wrapping_add(1));
+}
+
 /// State shared by the subscriber task and the waiters.
 struct Shared {
-    keys: Mutex<HashMap<String, watch::Sender<u64>>>,
+    keys: Mutex<HashMap<String, Bells>>,
     /// The channels whose waiters are to be woken a turn from now.
     later: Mutex<HashSet<String>>,
     /// The fair waiters, by token.
@@ -58,7 +98,7 @@ struct Shared {
 }
 
 impl Shared {
-    fn keys(&self) -> MutexGuard<'_, HashMap<String, watch::Sender<u64>>> {
+    fn keys(&self) -> MutexGuard<'_, HashMap<String, Bells>> {
         self.keys.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -67,17 +107,18 @@ impl Shared {
     }
 
     fn bump(&self, channel: &str) {
-        if let Some(tx) = self.keys().get(channel) {
-            tx.send_modify(|g| *g = g.wrapping_add(1));
+        if let Some(bells) = self.keys().get(channel) {
+            bells.ring();
         }
     }
 
-    /// Wakes `channel`'s waiters: at once, unless `payload` hands the turn
-    /// to another instance; then a turn later.
+    /// Wakes `channel`'s waiters: at once, unless `payload` names another
+    /// instance or a fair waiter; then the plain waiters a turn later, and
+    /// the named fair waiter, if it is this instance's, at once.
     fn announce(self: &Arc<Self>, channel: &str, payload: &str) {
         if let Some(head) = payload.strip_prefix(FAIR_TAG) {
             if let Some(tx) = self.tokens().get(head) {
-                tx.send_modify(|g| *g = g.wrapping_add(1));
+                ring(tx);
             }
             return self.bump_later(channel);
         }
@@ -87,6 +128,8 @@ impl Shared {
         }
     }
 
+    /// Wakes `channel`'s plain waiters, and its fair waiter next in line,
+    /// a turn from now.
     fn bump_later(self: &Arc<Self>, channel: &str) {
         let fresh = self
             .later
@@ -104,13 +147,16 @@ impl Shared {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&channel);
-            shared.bump(&channel);
+            if let Some(bells) = shared.keys().get(&channel) {
+                ring(&bells.plain);
+                ring(&bells.next);
+            }
         });
     }
 
     fn bump_all(&self) {
-        for tx in self.keys().values() {
-            tx.send_modify(|g| *g = g.wrapping_add(1));
+        for bells in self.keys().values() {
+            bells.ring();
         }
     }
 
@@ -168,17 +214,52 @@ impl Notifier {
     /// the subscription is down, or when the first connection attempt does
     /// not succeed within `within`.
     pub(crate) async fn watch(&self, channel: String, within: Duration) -> Result<KeyWatch, Error> {
+        self.watch_as(channel, None, within).await
+    }
+
+    /// Registers the fair waiter `token` for `channel`: it is woken when a
+    /// release names it, and as a plain waiter is, except a turn after a
+    /// release that named another, unless it is next in line (see
+    /// [`KeyWatch::next_in_line`] and the module docs). Errors as
+    /// [`watch`](Self::watch).
+    pub(crate) async fn watch_fair(
+        &self,
+        channel: String,
+        token: &str,
+        within: Duration,
+    ) -> Result<KeyWatch, Error> {
+        self.watch_as(channel, Some(token), within).await
+    }
+
+    async fn watch_as(
+        &self,
+        channel: String,
+        token: Option<&str>,
+        within: Duration,
+    ) -> Result<KeyWatch, Error> {
         let rx = {
             let mut keys = self.shared.keys();
-            keys.entry(channel.clone())
-                .or_insert_with(|| watch::channel(0).0)
-                .subscribe()
+            let bells = keys.entry(channel.clone()).or_insert_with(Bells::new);
+            match token {
+                Some(_) => bells.fair.subscribe(),
+                None => bells.plain.subscribe(),
+            }
         };
+        let own = token.map(|token| {
+            let rx = self
+                .shared
+                .tokens()
+                .entry(token.to_owned())
+                .or_insert_with(|| watch::channel(0).0)
+                .subscribe();
+            (token.to_owned(), rx)
+        });
         let w = KeyWatch {
             shared: self.shared.clone(),
             channel,
             rx,
-            own: None,
+            own,
+            next: false,
         };
         let mut up = self.shared.up.subscribe();
         let live = matches!(
@@ -260,19 +341,31 @@ pub(crate) struct KeyWatch {
     rx: watch::Receiver<u64>,
     /// A fair waiter's token and the announcements naming it.
     own: Option<(String, watch::Receiver<u64>)>,
+    /// Whether this fair waiter listens as the one next in line.
+    next: bool,
 }
 
 impl KeyWatch {
-    /// Also wakes for the announcements naming `token` (a fair waiter's).
-    pub(crate) fn for_token(mut self, token: &str) -> Self {
-        let rx = self
-            .shared
-            .tokens()
-            .entry(token.to_owned())
-            .or_insert_with(|| watch::channel(0).0)
-            .subscribe();
-        self.own = Some((token.to_owned(), rx));
-        self
+    /// Whether this fair waiter is next in line (its last look says), so is
+    /// woken a turn after a release that named the head. A plain waiter's
+    /// watch is left as it is. A wake-up not yet seen is kept.
+    pub(crate) fn next_in_line(&mut self, next: bool) {
+        if self.own.is_none() || self.next == next {
+            return;
+        }
+        let keys = self.shared.keys();
+        let Some(bells) = keys.get(&self.channel) else {
+            return;
+        };
+        let mut rx = match next {
+            true => bells.next.subscribe(),
+            false => bells.fair.subscribe(),
+        };
+        if self.rx.has_changed().unwrap_or(true) {
+            rx.mark_changed();
+        }
+        self.rx = rx;
+        self.next = next;
     }
 }
 
@@ -303,7 +396,7 @@ impl Drop for KeyWatch {
         let mut keys = self.shared.keys();
         let last = keys
             .get(&self.channel)
-            .is_some_and(|tx| tx.receiver_count() <= 1);
+            .is_some_and(|bells| bells.listeners() <= 1);
         if last {
             keys.remove(&self.channel);
         }

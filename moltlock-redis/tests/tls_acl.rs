@@ -34,6 +34,7 @@ const LOCKER_ACL: &[&str] = &[
     "+zrem",
     "+zrange",
     "+zrangebyscore",
+    "+zrank",
     "+zscore",
     "+sadd",
     "+spop",
