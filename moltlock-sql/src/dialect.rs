@@ -84,8 +84,8 @@ pub struct Turn {
     /// announced) and the ones naming the waiter.
     pub(crate) release: Box<dyn ReleaseWatch>,
     /// Only the releases naming the waiter: a waiter further back waits on
-    /// these while the places ahead of it are served, asking the database
-    /// nothing but what keeps the releases announced.
+    /// these, asking the database nothing, while the places ahead of it
+    /// are served.
     pub(crate) named: Box<dyn ReleaseWatch>,
 }
 

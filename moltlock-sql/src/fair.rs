@@ -21,11 +21,12 @@
 //! take looks again within 1 ms, doubling, so it marks the head's hold in
 //! time to hear its release). A release names the queue's head; a waiter
 //! two or more places back waits only for the release that names it (or
-//! its pause), not woken while the places ahead of it are served. SQLite
-//! and MySQL have no notifications, so waiters poll by their place: the
-//! head after 1 ms, doubling to 25 ms while the key stays held (never past
-//! the holder's time left), the next in line every 5 ms (so it looks soon
-//! after the head took the key), the rest every 25 ms. A waiter that stopped
+//! its pause), asking the database nothing while the places ahead of it
+//! are served; SQLite and
+//! MySQL have no notifications, so waiters poll by their place: the head
+//! after 1 ms, doubling to 25 ms while the key stays held (never past the
+//! holder's time left), the next in line every 5 ms (so it looks soon after
+//! the head took the key), the rest every 25 ms. A waiter that stopped
 //! looking (a crash, a pause longer than the TTL) loses its place to the
 //! next look of anyone once its place's time has passed; a dropped wait
 //! takes its place out at once (and again until a look it dropped in flight
@@ -231,10 +232,9 @@ impl<D: Dialect> SqlBackend<D> {
     /// only after it.
     ///
     /// A waiter two or more places back, where releases name the head,
-    /// waits only for its own name (or its pause): it is not woken while
-    /// the places ahead of it are served, and the release that makes it
-    /// the head names it. It keeps the key's hold marked, as every waiter
-    /// does, so that releases are announced.
+    /// waits only for its own name (or its pause): it asks the database
+    /// nothing while the places ahead of it are served, and the release
+    /// that makes it the head names it.
     async fn sleep(
         &self,
         watches: &mut Watches,
@@ -252,14 +252,19 @@ impl<D: Dialect> SqlBackend<D> {
         if let Some(left) = held.as_ref().and_then(|h| h.expires_in) {
             pause = pause.min(left + Duration::from_millis(1));
         }
-        let far = ahead >= 2 && watches.release.is_some() && watches.named.is_some();
-        let (watch, held) = match far {
-            true => (&mut watches.named, Held::default()),
-            false => (&mut watches.release, held.unwrap_or_default()),
-        };
+        if let (Some(named), Some(_), 2..) = (watches.named.as_mut(), &watches.release, ahead) {
+            let anyone = Held::default();
+            tokio::select! {
+                told = named.released(&anyone) => if told.is_err() { watches.named = None },
+                _ = tokio::time::sleep(pause) => {}
+            }
+            return;
+        }
+        let watch = &mut watches.release;
         let Some(w) = watch.as_mut() else {
             return tokio::time::sleep(pause).await;
         };
+        let held = held.unwrap_or_default();
         tokio::select! {
             told = w.released(&held) => if told.is_err() { *watch = None },
             _ = tokio::time::sleep(pause) => {}

@@ -303,24 +303,6 @@ impl Watch for Shared<Pg> {
 }
 
 impl Shared<Pg> {
-    /// A watch of `key` on `events` (and `named`) that keeps its row
-    /// marked while it waits.
-    fn marking_of(
-        &self,
-        key: &LockKey,
-        events: Box<dyn ReleaseWatch>,
-        named: Option<Box<dyn ReleaseWatch>>,
-    ) -> listen::Marking {
-        listen::Marking {
-            events,
-            named,
-            pool: self.pool.clone(),
-            mark: self.dialect.sql.mark.clone(),
-            key: key.as_str().to_owned(),
-            marked_until: None,
-        }
-    }
-
     /// A watch of `key` that keeps its row marked while it waits; with
     /// `named`, it also hears the releases that name that fair waiter.
     pub(super) async fn marking(
@@ -333,7 +315,14 @@ impl Shared<Pg> {
             .watch(&self.pool, key.as_str(), named.map(Token::as_str))
             .await
             .map_err(|e| map(Pg::NAME, e))?;
-        Ok(Box::new(self.marking_of(key, events, named)))
+        Ok(Box::new(listen::Marking {
+            events,
+            named,
+            pool: self.pool.clone(),
+            mark: self.dialect.sql.mark.clone(),
+            key: key.as_str().to_owned(),
+            marked_until: None,
+        }))
     }
 }
 

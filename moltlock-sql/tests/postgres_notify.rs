@@ -414,37 +414,3 @@ async fn a_waiter_further_back_is_silent_while_those_ahead_are_served() {
     held.release().await.unwrap();
     c.done().await;
 }
-
-/// A waiter further back keeps the key's hold marked, as every waiter
-/// does: when the marks of the waiters ahead have lapsed (each trusts its
-/// own for 10 s), the newest waiter's wait marks the row again, so the
-/// release is announced and the head is woken at once, not by its own
-/// clock (a third of its 30 s TTL).
-#[tokio::test]
-async fn a_waiter_further_back_keeps_releases_announced() {
-    let mut c = Case::new("notify_far_mark").await;
-    let holder = LockManager::new(c.backend().await);
-    let held = holder.lock("m").await.unwrap();
-    let fair = LockOptions::new().fair().timeout(Duration::from_secs(30));
-    let mut queue = Vec::new();
-    for _ in 0..3 {
-        queue.push(wait_for(slow_waiter(c.backend().await), "m", fair.clone()));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let lapse = format!("UPDATE \"{}\" SET wait_until = 'epoch'", c.table);
-    sqlx::query(&lapse).execute(&c.pool).await.unwrap();
-    queue.push(wait_for(slow_waiter(c.backend().await), "m", fair));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    held.release().await.unwrap();
-    let told = heard(&mut c.listener, Duration::from_millis(300)).await;
-    let mut queue = queue.into_iter();
-    let head = queue.next().unwrap_or_else(|| panic!("no head"));
-    let mut held = got_within(head, 2).await;
-    assert_eq!(told, [naming("m", held.token().as_str())], "not announced");
-    for task in queue {
-        held.release().await.unwrap();
-        held = got_within(task, 10).await;
-    }
-    held.release().await.unwrap();
-    c.done().await;
-}

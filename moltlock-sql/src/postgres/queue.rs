@@ -133,15 +133,12 @@ impl Queue for Shared<Pg> {
         Ok(Some(take::run(self, w, &self.dialect.queue.take).await?))
     }
 
-    /// Both watches keep the key's row marked while they wait, so releases
-    /// are announced however far back the waiters are.
     async fn watch_turn(&self, key: &LockKey, owner: &Token) -> Option<Result<Turn, Error>> {
         let release = match self.marking(key, Some(owner)).await {
             Ok(release) => release,
             Err(e) => return Some(Err(e)),
         };
         let named = self.dialect.listener.named(key.as_str(), owner.as_str());
-        let named = Box::new(self.marking_of(key, named, None));
         Some(Ok(Turn { release, named }))
     }
 
