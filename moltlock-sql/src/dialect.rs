@@ -78,17 +78,6 @@ impl<D: Ops> Shared<D> {
     }
 }
 
-/// A fair waiter's watches where releases name the queue's head.
-pub struct Turn {
-    /// The key's releases (the watch marks the hold, so they are
-    /// announced) and the ones naming the waiter.
-    pub(crate) release: Box<dyn ReleaseWatch>,
-    /// Only the releases naming the waiter: a waiter further back waits on
-    /// these, asking the database nothing, while the places ahead of it
-    /// are served.
-    pub(crate) named: Box<dyn ReleaseWatch>,
-}
-
 /// The places of the fair queue: one row per waiter and key, in a table
 /// beside the locks, ordered by a number the database draws on insert.
 /// Places live by the database clock until `alive_until`, which each look
@@ -111,10 +100,14 @@ pub trait Queue: Send + Sync {
         let _ = w;
         Ok(None)
     }
-    /// The watches of `key` for the fair waiter `owner` (see [`Turn`]);
-    /// `None` where the dialect's releases name nobody (the backend's plain
-    /// watch serves).
-    async fn watch_turn(&self, key: &LockKey, owner: &Token) -> Option<Result<Turn, Error>> {
+    /// A release watch of `key` for the fair waiter `owner` that also
+    /// hears the releases naming it as the queue's head; `None` where the
+    /// dialect's releases name nobody (the backend's plain watch serves).
+    async fn watch_turn(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+    ) -> Option<Result<Box<dyn ReleaseWatch>, Error>> {
         let _ = (key, owner);
         None
     }

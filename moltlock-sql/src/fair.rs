@@ -19,10 +19,7 @@
 //! release notifies), at the latest after a third of its TTL (a waiter
 //! behind others that finds the key free between a release and the head's
 //! take looks again within 1 ms, doubling, so it marks the head's hold in
-//! time to hear its release). A release names the queue's head; a waiter
-//! two or more places back waits only for the release that names it (or
-//! its pause), asking the database nothing while the places ahead of it
-//! are served; SQLite and
+//! time to hear its release); SQLite and
 //! MySQL have no notifications, so waiters poll by their place: the head
 //! after 1 ms, doubling to 25 ms while the key stays held (never past the
 //! holder's time left), the next in line every 5 ms (so it looks soon after
@@ -80,15 +77,6 @@ enum Looked {
     Taken(Fence, bool),
     /// Wait: the head found the key held (as `Some`), or places are ahead.
     Wait(Option<Held>, u64),
-}
-
-/// A fair waiter's watches (none on a database with no notifications).
-#[derive(Default)]
-struct Watches {
-    /// The key's releases.
-    release: Option<Box<dyn ReleaseWatch>>,
-    /// The releases naming this waiter, where releases name the head.
-    named: Option<Box<dyn ReleaseWatch>>,
 }
 
 /// `ahead` as a multiplier of [`BEHIND`].
@@ -230,21 +218,16 @@ impl<D: Dialect> SqlBackend<D> {
     /// hold, and hears its release: a waiter that slept its whole poll
     /// pause would miss the release of a hold shorter than that, and look
     /// only after it.
-    ///
-    /// A waiter two or more places back, where releases name the head,
-    /// waits only for its own name (or its pause): it asks the database
-    /// nothing while the places ahead of it are served, and the release
-    /// that makes it the head names it.
     async fn sleep(
         &self,
-        watches: &mut Watches,
+        watch: &mut Option<Box<dyn ReleaseWatch>>,
         (held, ahead): (Option<Held>, u64),
         pauses: &mut Pauses,
         ttl: Duration,
     ) {
         let started = Instant::now();
         let polled = poll_pause(ahead, &mut pauses.head);
-        let mut pause = match watches.release {
+        let mut pause = match watch {
             Some(_) if ahead == 0 => (ttl / 3).max(GAP),
             Some(_) => (ttl / 3).min(BEHIND * places(ahead)).max(GAP),
             None => polled,
@@ -252,15 +235,6 @@ impl<D: Dialect> SqlBackend<D> {
         if let Some(left) = held.as_ref().and_then(|h| h.expires_in) {
             pause = pause.min(left + Duration::from_millis(1));
         }
-        if let (Some(named), Some(_), 2..) = (watches.named.as_mut(), &watches.release, ahead) {
-            let anyone = Held::default();
-            tokio::select! {
-                told = named.released(&anyone) => if told.is_err() { watches.named = None },
-                _ = tokio::time::sleep(pause) => {}
-            }
-            return;
-        }
-        let watch = &mut watches.release;
         let Some(w) = watch.as_mut() else {
             return tokio::time::sleep(pause).await;
         };
@@ -289,17 +263,10 @@ impl<D: Dialect> SqlBackend<D> {
         ttl: Duration,
     ) -> Result<Fence, Error> {
         let mut watch = match D::queue(&self.inner).watch_turn(key, token).await {
-            Some(Ok(turn)) => Watches {
-                release: Some(turn.release),
-                named: Some(turn.named),
-            },
-            Some(Err(_)) => Watches::default(),
-            None => Watches {
-                release: match self.watcher() {
-                    Some(w) => w.watch(key).await.ok(),
-                    None => None,
-                },
-                named: None,
+            Some(named) => named.ok(),
+            None => match self.watcher() {
+                Some(w) => w.watch(key).await.ok(),
+                None => None,
             },
         };
         // A try that lost to contention (a deadlock over the queue's range

@@ -2,8 +2,6 @@
 //! key, marks and fair places are written only when they run low, and a
 //! release of a key with a fair queue names its head.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use moltlock_core::{LockGuard, LockManager, LockOptions};
@@ -345,72 +343,5 @@ async fn a_place_is_written_only_when_a_quarter_of_its_time_passed() {
     held.release().await.unwrap();
     got_within(head, 10).await.release().await.unwrap();
     got_within(behind, 10).await.release().await.unwrap();
-    c.done().await;
-}
-
-/// A backend of its own on `c`'s table, over a pool that counts the
-/// connections it hands out (one per statement of the backend's).
-async fn counted(c: &Case) -> (PostgresBackend, Arc<AtomicUsize>) {
-    let count = Arc::new(AtomicUsize::new(0));
-    let (on_acquire, on_connect) = (count.clone(), count.clone());
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .after_connect(move |_, _| {
-            let n = on_connect.clone();
-            Box::pin(async move {
-                n.fetch_add(1, Ordering::SeqCst);
-                Ok(())
-            })
-        })
-        .before_acquire(move |_, _| {
-            let n = on_acquire.clone();
-            Box::pin(async move {
-                n.fetch_add(1, Ordering::SeqCst);
-                Ok(true)
-            })
-        })
-        .connect(&shared())
-        .await
-        .unwrap_or_else(|e| panic!("a pool: {e}"));
-    let cfg = SqlConfig::default().table(&c.table);
-    match PostgresBackend::from_client(pool, cfg).await {
-        Ok(b) => (b, count),
-        Err(e) => panic!("a backend: {e}"),
-    }
-}
-
-/// A fair waiter further back than next in line asks the database
-/// nothing while the places ahead of it are served: the release that
-/// makes it the head names it. The last of six waiters (its own next look
-/// more than a second away) sends no statement through two hand-offs
-/// ahead of it, then is served in its turn.
-#[tokio::test]
-async fn a_waiter_further_back_is_silent_while_those_ahead_are_served() {
-    let c = Case::new("notify_far").await;
-    let holder = LockManager::new(c.backend().await);
-    let mut held = holder.lock("q").await.unwrap();
-    let fair = LockOptions::new().fair().timeout(Duration::from_secs(30));
-    let mut queue = Vec::new();
-    for _ in 0..5 {
-        queue.push(wait_for(slow_waiter(c.backend().await), "q", fair.clone()));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let (last, count) = counted(&c).await;
-    queue.push(wait_for(slow_waiter(last), "q", fair));
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let before = count.load(Ordering::SeqCst);
-    let mut queue = queue.into_iter();
-    for task in queue.by_ref().take(2) {
-        held.release().await.unwrap();
-        held = got_within(task, 10).await;
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let after = count.load(Ordering::SeqCst);
-    assert_eq!(after, before, "the last waiter asked the database");
-    for task in queue {
-        held.release().await.unwrap();
-        held = got_within(task, 10).await;
-    }
-    held.release().await.unwrap();
     c.done().await;
 }

@@ -63,15 +63,8 @@ impl Listener {
                 Ok::<_, sqlx::Error>(tokio::spawn(task))
             })
             .await?;
-        let named = named.map(|token| self.named(key, token));
+        let named = named.map(|token| self.events.subscribe(&format!("{key}{HEAD_MARK}{token}")));
         Ok((self.events.subscribe(key), named))
-    }
-
-    /// A watch for the releases of `key` that name the fair waiter
-    /// `token` as the queue's head (see [`dispatch`]); it hears them once
-    /// [`watch`](Self::watch) has listened.
-    pub(super) fn named(&self, key: &str, token: &str) -> Box<dyn ReleaseWatch> {
-        self.events.subscribe(&format!("{key}{HEAD_MARK}{token}"))
     }
 }
 
@@ -84,10 +77,9 @@ const TURN: Duration = Duration::from_millis(20);
 /// Wakes the waiters a release's `payload` concerns: those of its key, or,
 /// when it names the key's fair queue head, that waiter at once and the
 /// key's others a [`TURN`] later (at most once per turn). A release then
-/// sets one fair waiter going, not the whole queue; the fair waiter next in
-/// line looks again after the head had its turn, which covers a named head
-/// that has just given up (waiters further back wait for their own name;
-/// see the `fair` module).
+/// sets one fair waiter going, not the whole queue; the rest look again
+/// after the head had its turn, which also covers a named head that has
+/// just given up.
 fn dispatch(events: &Arc<KeyEvents>, payload: &str) {
     match payload.split_once(HEAD_MARK) {
         Some((key, _)) => {

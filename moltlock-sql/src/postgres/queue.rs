@@ -19,12 +19,12 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use moltlock_core::{CasOutcome, Error, LockKey, Token};
+use moltlock_core::{CasOutcome, Error, LockKey, ReleaseWatch, Token};
 
 use super::{qualified, take, Pg};
 use crate::config::SqlConfig;
 use crate::convert::millis;
-use crate::dialect::{DbResult, Queue, Shared, Turn, Write};
+use crate::dialect::{DbResult, Queue, Shared, Write};
 
 /// The queue's statements, built once from validated names.
 pub(super) struct QueueSql {
@@ -133,13 +133,12 @@ impl Queue for Shared<Pg> {
         Ok(Some(take::run(self, w, &self.dialect.queue.take).await?))
     }
 
-    async fn watch_turn(&self, key: &LockKey, owner: &Token) -> Option<Result<Turn, Error>> {
-        let release = match self.marking(key, Some(owner)).await {
-            Ok(release) => release,
-            Err(e) => return Some(Err(e)),
-        };
-        let named = self.dialect.listener.named(key.as_str(), owner.as_str());
-        Some(Ok(Turn { release, named }))
+    async fn watch_turn(
+        &self,
+        key: &LockKey,
+        owner: &Token,
+    ) -> Option<Result<Box<dyn ReleaseWatch>, Error>> {
+        Some(self.marking(key, Some(owner)).await)
     }
 
     async fn take_head(&self, w: Write<'_>) -> DbResult<Option<CasOutcome>> {
