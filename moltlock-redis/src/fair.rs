@@ -10,9 +10,9 @@
 //! release announcement (the script marks the key waited for) or a third
 //! of its TTL, whichever comes first, and looks again, which renews its
 //! place. A release names the head, which is woken at once, and the
-//! waiter behind it (as its last look ranked it) a turn later, in case the
-//! head is gone; the other fair waiters are not woken, their places
-//! unchanged (see the `pubsub` module). A place whose
+//! waiter right behind it a turn later, in case the head is gone; the
+//! other fair waiters are not woken, their places unchanged (see the
+//! `pubsub` module, which follows each waiter's place between its looks). A place whose
 //! waiter stopped looking (a crash, a pause longer than the TTL) is dropped by the next look of any waiter; a dropped wait
 //! takes its place out at once and, when it was the head, wakes the next.
 //! Fair and plain holders stay mutually exclusive because both take the
@@ -62,8 +62,8 @@ async fn acquire(
                 return Ok(fence);
             }
             Ok((CasOutcome::Held(held), rank)) => {
-                if let Some(w) = watch.as_mut() {
-                    w.next_in_line(rank == 1);
+                if let Some(w) = watch.as_ref() {
+                    w.placed(u64::try_from(rank).unwrap_or(0));
                 }
                 held
             }

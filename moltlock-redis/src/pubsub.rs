@@ -17,11 +17,15 @@
 //! instances one [`TURN`] later (at most one such wake per key and turn),
 //! when the turn has been taken or has lapsed, so a release sets one
 //! waiter going, not all. Of the fair waiters not named, only the one
-//! whose last look found it next in line is woken a turn later (should
-//! the head be gone, it finds out then); the others are not woken: the
-//! release left their places as they were, and each renews its own on its
-//! clock (a look would only renew it early).
+//! right behind the named head is woken a turn later (should the head be
+//! gone, it finds out then); the others are not woken: the release left
+//! their places as they were, and each renews its own on its clock (a look
+//! would only renew it early). Each fair waiter's place is known from its
+//! last look, and every release that names a head moves the waiters behind
+//! it up one, so a waiter several places back is woken a turn later when
+//! it is next, without looking in between.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -49,12 +53,10 @@ const TURN_TAG: &str = "turn:";
 const FAIR_TAG: &str = "fair:";
 
 /// The generation counters of one key's release channel, one per kind of
-/// waiter: a release that names a fair waiter wakes the plain waiters and
-/// the fair waiter next in line a turn later, and the other fair waiters
-/// not at all.
+/// waiter: a release that names a fair waiter wakes the plain waiters a
+/// turn later, and the fair ones not by this bell (see the module docs).
 struct Bells {
     plain: watch::Sender<u64>,
-    next: watch::Sender<u64>,
     fair: watch::Sender<u64>,
 }
 
@@ -62,22 +64,25 @@ impl Bells {
     fn new() -> Self {
         Self {
             plain: watch::channel(0).0,
-            next: watch::channel(0).0,
             fair: watch::channel(0).0,
         }
     }
 
     fn ring(&self) {
         ring(&self.plain);
-        ring(&self.next);
         ring(&self.fair);
     }
 
     /// How many waiters listen.
     fn listeners(&self) -> usize {
-        self.plain.receiver_count() + self.next.receiver_count() + self.fair.receiver_count()
+        self.plain.receiver_count() + self.fair.receiver_count()
     }
 }
+
+/// Per channel, the places of this instance's fair waiters by token (0:
+/// the head), as their last looks found them and the releases naming a
+/// head since moved them.
+type Places = HashMap<String, HashMap<String, u64>>;
 
 fn ring(tx: &watch::Sender<u64>) {
     tx.send_modify(|g| *g = g.wrapping_add(1));
@@ -86,8 +91,11 @@ fn ring(tx: &watch::Sender<u64>) {
 /// State shared by the subscriber task and the waiters.
 struct Shared {
     keys: Mutex<HashMap<String, Bells>>,
-    /// The channels whose waiters are to be woken a turn from now.
-    later: Mutex<HashSet<String>>,
+    /// The channels whose plain waiters are to be woken a turn from now,
+    /// each with the fair waiters (tokens) to wake then.
+    later: Mutex<HashMap<String, HashSet<String>>>,
+    /// Where this instance's fair waiters stand in their queues.
+    places: Mutex<Places>,
     /// The fair waiters, by token.
     tokens: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// This instance's id, as a turn names it.
@@ -106,6 +114,14 @@ impl Shared {
         self.tokens.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn places(&self) -> MutexGuard<'_, Places> {
+        self.places.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn later(&self) -> MutexGuard<'_, HashMap<String, HashSet<String>>> {
+        self.later.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn bump(&self, channel: &str) {
         if let Some(bells) = self.keys().get(channel) {
             bells.ring();
@@ -114,42 +130,66 @@ impl Shared {
 
     /// Wakes `channel`'s waiters: at once, unless `payload` names another
     /// instance or a fair waiter; then the plain waiters a turn later, and
-    /// the named fair waiter, if it is this instance's, at once.
+    /// the named fair waiter, if it is this instance's, at once, and the
+    /// one right behind it a turn later.
     fn announce(self: &Arc<Self>, channel: &str, payload: &str) {
         if let Some(head) = payload.strip_prefix(FAIR_TAG) {
             if let Some(tx) = self.tokens().get(head) {
                 ring(tx);
             }
-            return self.bump_later(channel);
+            let behind = self.move_up(channel, head);
+            return self.bump_later(channel, behind);
         }
         match payload.strip_prefix(TURN_TAG) {
-            Some(who) if who != self.me => self.bump_later(channel),
+            Some(who) if who != self.me => self.bump_later(channel, HashSet::new()),
             _ => self.bump(channel),
         }
     }
 
-    /// Wakes `channel`'s plain waiters, and its fair waiter next in line,
-    /// a turn from now.
-    fn bump_later(self: &Arc<Self>, channel: &str) {
-        let fresh = self
-            .later
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(channel.to_owned());
+    /// A release named `head` in `channel`'s queue: this instance's other
+    /// fair waiters there move up a place. Returns those that stood right
+    /// behind a head (or at it, as their last look saw it).
+    fn move_up(&self, channel: &str, head: &str) -> HashSet<String> {
+        let mut places = self.places();
+        let Some(waiters) = places.get_mut(channel) else {
+            return HashSet::new();
+        };
+        let mut behind = HashSet::new();
+        for (token, place) in waiters.iter_mut().filter(|(t, _)| t.as_str() != head) {
+            if *place <= 1 {
+                behind.insert(token.clone());
+            }
+            *place = place.saturating_sub(1);
+        }
+        behind
+    }
+
+    /// Wakes `channel`'s plain waiters, and its fair waiters `fair`, a
+    /// turn from now.
+    fn bump_later(self: &Arc<Self>, channel: &str, fair: HashSet<String>) {
+        let fresh = match self.later().entry(channel.to_owned()) {
+            Entry::Occupied(mut due) => {
+                due.get_mut().extend(fair);
+                false
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(fair);
+                true
+            }
+        };
         if !fresh {
             return;
         }
         let (shared, channel) = (self.clone(), channel.to_owned());
         tokio::spawn(async move {
             tokio::time::sleep(TURN).await;
-            shared
-                .later
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&channel);
+            let due = shared.later().remove(&channel).unwrap_or_default();
             if let Some(bells) = shared.keys().get(&channel) {
                 ring(&bells.plain);
-                ring(&bells.next);
+            }
+            let tokens = shared.tokens();
+            for tx in due.iter().filter_map(|token| tokens.get(token)) {
+                ring(tx);
             }
         });
     }
@@ -184,7 +224,8 @@ impl Notifier {
         let (up, _) = watch::channel(None);
         let shared = Arc::new(Shared {
             keys: Mutex::new(HashMap::new()),
-            later: Mutex::new(HashSet::new()),
+            later: Mutex::new(HashMap::new()),
+            places: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
             me,
             up,
@@ -219,8 +260,8 @@ impl Notifier {
 
     /// Registers the fair waiter `token` for `channel`: it is woken when a
     /// release names it, and as a plain waiter is, except a turn after a
-    /// release that named another, unless it is next in line (see
-    /// [`KeyWatch::next_in_line`] and the module docs). Errors as
+    /// release that named another, unless it stood right behind the head
+    /// (see [`KeyWatch::placed`] and the module docs). Errors as
     /// [`watch`](Self::watch).
     pub(crate) async fn watch_fair(
         &self,
@@ -259,7 +300,6 @@ impl Notifier {
             channel,
             rx,
             own,
-            next: false,
         };
         let mut up = self.shared.up.subscribe();
         let live = matches!(
@@ -341,31 +381,21 @@ pub(crate) struct KeyWatch {
     rx: watch::Receiver<u64>,
     /// A fair waiter's token and the announcements naming it.
     own: Option<(String, watch::Receiver<u64>)>,
-    /// Whether this fair waiter listens as the one next in line.
-    next: bool,
 }
 
 impl KeyWatch {
-    /// Whether this fair waiter is next in line (its last look says), so is
-    /// woken a turn after a release that named the head. A plain waiter's
-    /// watch is left as it is. A wake-up not yet seen is kept.
-    pub(crate) fn next_in_line(&mut self, next: bool) {
-        if self.own.is_none() || self.next == next {
-            return;
-        }
-        let keys = self.shared.keys();
-        let Some(bells) = keys.get(&self.channel) else {
+    /// Notes this fair waiter's place in the queue as its look found it
+    /// (0: the head); releases that name a head move it up from there. A
+    /// plain waiter's watch ignores it.
+    pub(crate) fn placed(&self, place: u64) {
+        let Some((token, _)) = &self.own else {
             return;
         };
-        let mut rx = match next {
-            true => bells.next.subscribe(),
-            false => bells.fair.subscribe(),
-        };
-        if self.rx.has_changed().unwrap_or(true) {
-            rx.mark_changed();
-        }
-        self.rx = rx;
-        self.next = next;
+        self.shared
+            .places()
+            .entry(self.channel.clone())
+            .or_default()
+            .insert(token.clone(), place);
     }
 }
 
@@ -392,6 +422,13 @@ impl Drop for KeyWatch {
     fn drop(&mut self) {
         if let Some((token, _)) = &self.own {
             self.shared.tokens().remove(token);
+            let mut places = self.shared.places();
+            if let Some(waiters) = places.get_mut(&self.channel) {
+                waiters.remove(token);
+                if waiters.is_empty() {
+                    places.remove(&self.channel);
+                }
+            }
         }
         let mut keys = self.shared.keys();
         let last = keys

@@ -294,3 +294,72 @@ async fn a_release_to_the_fair_head_wakes_only_the_next_fair_waiter(
     assert!(side.delete(&key, &token).await?);
     Ok(())
 }
+
+/// A waiter that looked when it was third is woken a turn after the
+/// release that names the place right ahead of it, though it has not
+/// looked since: releases that name a head move it up. Here that place is
+/// a frozen waiter's, dead by then, so the waiter behind takes the key a
+/// turn after the release, not by its own clock (a third of its 30 s TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_a_dead_named_head_is_woken_a_turn_later(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let server = fx::start_owned()?;
+    let open = || async {
+        Ok::<_, Box<dyn std::error::Error>>(RedisBackend::from_url(&server.url()).await?)
+    };
+    let key = LockKey::new("fair/stale")?;
+    let ttl = Duration::from_secs(30);
+    let holder_side = open().await?;
+    let holder = Token::random();
+    holder_side.cas(&key, None, &holder, ttl).await?;
+    let wait_in = |side: RedisBackend, token: Token| {
+        let k = key.clone();
+        tokio::spawn(async move {
+            let queue = side.fair_queue().ok_or("no fair queue")?;
+            let fence = queue
+                .acquire(&k, &token, ttl)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>((side, token, fence))
+        })
+    };
+    let first = wait_in(open().await?, Token::random());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A frozen waiter's place behind the first, alive for 1 s more.
+    let mut raw = redis::Client::open(server.raw_url())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut raw).await?;
+    let _: () = redis::cmd("ZADD")
+        .arg("moltlock:{fair/stale}:queue")
+        .arg(secs * 1_000_000 + micros)
+        .arg("frozen")
+        .query_async(&mut raw)
+        .await?;
+    let _: () = redis::cmd("ZADD")
+        .arg("moltlock:{fair/stale}:alive")
+        .arg(secs * 1000 + micros / 1000 + 1000)
+        .arg("frozen")
+        .query_async(&mut raw)
+        .await?;
+    let third = wait_in(open().await?, Token::random());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    assert!(holder_side.delete(&key, &holder).await?);
+    let (side, token, _) = tokio::time::timeout(Duration::from_secs(2), first)
+        .await
+        .map_err(|_| "the first waiter was not woken")???;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(side.delete(&key, &token).await?);
+    let released = tokio::time::Instant::now();
+    let (side, token, _) = tokio::time::timeout(Duration::from_secs(3), third)
+        .await
+        .map_err(|_| "the waiter behind the dead place was not woken")???;
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        released.elapsed()
+    );
+    assert!(side.delete(&key, &token).await?);
+    Ok(())
+}
