@@ -9,10 +9,8 @@
 //! one round trip, as a plain acquire does. Otherwise it waits for a
 //! release announcement (the script marks the key waited for) or a third
 //! of its TTL, whichever comes first, and looks again, which renews its
-//! place. A release names the head, which is woken at once, and the
-//! waiter right behind it a turn later, in case the head is gone; the
-//! other fair waiters are not woken, their places unchanged (see the
-//! `pubsub` module, which follows each waiter's place between its looks). A place whose
+//! place. A release names the head, which is woken at once; the other
+//! waiters look a turn later (see the `pubsub` module). A place whose
 //! waiter stopped looking (a crash, a pause longer than the TTL) is dropped by the next look of any waiter; a dropped wait
 //! takes its place out at once and, when it was the head, wakes the next.
 //! Fair and plain holders stay mutually exclusive because both take the
@@ -46,8 +44,8 @@ async fn acquire(
     let layout = &backend.inner.layout;
     let channel = layout.channel(key);
     let within = backend.inner.cfg.connect_timeout;
-    let watch = backend.notifier().await;
-    let mut watch = watch.watch_fair(channel, token.as_str(), within).await.ok();
+    let watch = backend.notifier().await.watch(channel, within).await;
+    let mut watch = watch.ok().map(|w| w.for_token(token.as_str()));
     let mut place = Place {
         backend: backend.clone(),
         key: key.clone(),
@@ -57,16 +55,11 @@ async fn acquire(
     let period = (ttl / 3).max(Duration::from_millis(10));
     loop {
         let held = match look(backend, key, token, ttl).await {
-            Ok((CasOutcome::Acquired { fence }, _)) => {
+            Ok(CasOutcome::Acquired { fence }) => {
                 place.left = true;
                 return Ok(fence);
             }
-            Ok((CasOutcome::Held(held), rank)) => {
-                if let Some(w) = watch.as_ref() {
-                    w.placed(u64::try_from(rank).unwrap_or(0));
-                }
-                held
-            }
+            Ok(CasOutcome::Held(held)) => held,
             Err(e) if e.is_retryable() => {
                 tracing::debug!(%key, error = %e, "fair queue look failed; retrying");
                 tokio::time::sleep(RETRY_PAUSE).await;
@@ -91,14 +84,13 @@ async fn acquire(
     }
 }
 
-/// One run of the fair script: its outcome, and the place's rank when the
-/// key was not taken.
+/// One run of the fair script.
 async fn look(
     backend: &RedisBackend,
     key: &LockKey,
     token: &Token,
     ttl: Duration,
-) -> Result<(CasOutcome, i64), Error> {
+) -> Result<CasOutcome, Error> {
     let layout = &backend.inner.layout;
     let (lock, fence, info, wait) = (
         layout.lock(key),
@@ -118,10 +110,9 @@ async fn look(
     let (ttl, keep, q) = (millis(ttl), backend.keep(), backend.quarantine());
     let args = [token.as_str(), &ttl, &keep, &q];
     let sent_at = Instant::now();
-    let (status, found, pttl, clock, rank): (i64, Option<String>, i64, i64, i64) =
-        backend.script(&FAIR, &keys, &args).await?;
-    backend.saw_clock(sent_at, clock);
-    Ok((outcome((status, found, pttl, clock))?, rank))
+    let reply: crate::backend::CasReply = backend.script(&FAIR, &keys, &args).await?;
+    backend.saw_clock(sent_at, reply.3);
+    outcome(reply)
 }
 
 /// A waiter's place; leaving the queue (on drop, unless the key was taken)
@@ -190,8 +181,7 @@ impl FairQueue for RedisBackend {
 /// and its PTTL, or, when the key is free but another waiter is ahead, no
 /// holder and the ms left of the head's place (when a look may drop it).
 ///
-/// Reply: as [`ACQUIRE`](crate::scripts::ACQUIRE), and then the place's
-/// rank in the queue when the key was not taken (0: the head), else 0.
+/// Reply: as [`ACQUIRE`](crate::scripts::ACQUIRE).
 pub(crate) static FAIR: LazyLock<Lua> = LazyLock::new(|| {
     Lua::compose(&[
         r"
@@ -209,7 +199,7 @@ local cur = redis.call('GET', KEYS[1])
 if cur == token then
   redis.call('ZREM', queue, token)
   redis.call('ZREM', alive, token)
-  return {1, redis.call('GET', KEYS[2]) or '0', 0, clock, 0}
+  return {1, redis.call('GET', KEYS[2]) or '0', 0, clock}
 end
 local head = redis.call('ZRANGE', queue, 0, 0)[1]
 local left = 0
@@ -220,7 +210,7 @@ if not cur and (not head or head == token) then
       redis.call('ZREM', queue, token)
       redis.call('ZREM', alive, token)
     end
-    return {1, take(KEYS[1], KEYS[2], KEYS[3], token), 0, clock, 0}
+    return {1, take(KEYS[1], KEYS[2], KEYS[3], token), 0, clock}
   end
 end
 if not redis.call('ZSCORE', queue, token) then
@@ -237,18 +227,17 @@ if redis.call('PTTL', queue) < 2 * ttl then
   redis.call('PEXPIRE', queue, 2 * ttl)
   redis.call('PEXPIRE', alive, 2 * ttl)
 end
-local rank = redis.call('ZRANK', queue, token)
 if cur then
   local pttl = redis.call('PTTL', KEYS[1])
   mark(KEYS[4], pttl)
-  return {0, cur, pttl, clock, rank}
+  return {0, cur, pttl, clock}
 end
 if left > 0 then
-  return {0, false, left, clock, rank}
+  return {0, false, left, clock}
 end
 mark(KEYS[4], ttl)
 local until_ms = tonumber(redis.call('ZSCORE', alive, head)) or now_ms
-return {0, false, math.max(until_ms - now_ms, 1), clock, rank}
+return {0, false, math.max(until_ms - now_ms, 1), clock}
 ",
     ])
 });

@@ -141,9 +141,9 @@
 //!   `PEXPIRE`, `PTTL`, `TIME`, `PUBLISH`, `PSUBSCRIBE`, `SCAN` (cluster:
 //!   `KEYS`), and for the restart quarantine `LASTSAVE` and `INFO`, and
 //!   for the turns of waiting instances `SADD`, `SREM`, `SPOP`, and for the
-//!   fair queue `ZADD`, `ZREM`, `ZRANGE`, `ZRANGEBYSCORE`, `ZRANK`,
-//!   `ZSCORE`; the key pattern `<prefix>*` and the channel pattern
-//!   `<prefix>{*` *exactly* (Redis checks `PSUBSCRIBE` patterns literally).
+//!   fair queue `ZADD`, `ZREM`, `ZRANGE`, `ZRANGEBYSCORE`, `ZSCORE`; the
+//!   key pattern `<prefix>*` and the channel pattern `<prefix>{*` *exactly*
+//!   (Redis checks `PSUBSCRIBE` patterns literally).
 
 mod backend;
 mod config;

@@ -13,19 +13,10 @@
 //! A release that hands the next turn to one instance (see the `ACQUIRE`
 //! and `RELEASE` scripts) names it: `turn:<instance id>`, and one whose
 //! key has a fair queue names its head: `fair:<token>`. The instance, or
-//! the fair waiter, named is woken at once; the plain waiters of other
-//! instances one [`TURN`] later (at most one such wake per key and turn),
-//! when the turn has been taken or has lapsed, so a release sets one
-//! waiter going, not all. Of the fair waiters not named, only the one
-//! right behind the named head is woken a turn later (should the head be
-//! gone, it finds out then); the others are not woken: the release left
-//! their places as they were, and each renews its own on its clock (a look
-//! would only renew it early). Each fair waiter's place is known from its
-//! last look, and every release that names a head moves the waiters behind
-//! it up one, so a waiter several places back is woken a turn later when
-//! it is next, without looking in between.
+//! the fair waiter, named is woken at once; everyone else one [`TURN`]
+//! later (at most one such wake per key and turn), when the turn has been
+//! taken or has lapsed, so a release sets one waiter going, not all.
 
-use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -52,50 +43,11 @@ const TURN_TAG: &str = "turn:";
 /// head's token.
 const FAIR_TAG: &str = "fair:";
 
-/// The generation counters of one key's release channel, one per kind of
-/// waiter: a release that names a fair waiter wakes the plain waiters a
-/// turn later, and the fair ones not by this bell (see the module docs).
-struct Bells {
-    plain: watch::Sender<u64>,
-    fair: watch::Sender<u64>,
-}
-
-impl Bells {
-    fn new() -> Self {
-        Self {
-            plain: watch::channel(0).0,
-            fair: watch::channel(0).0,
-        }
-    }
-
-    fn ring(&self) {
-        ring(&self.plain);
-        ring(&self.fair);
-    }
-
-    /// How many waiters listen.
-    fn listeners(&self) -> usize {
-        self.plain.receiver_count() + self.fair.receiver_count()
-    }
-}
-
-/// Per channel, the places of this instance's fair waiters by token (0:
-/// the head), as their last looks found them and the releases naming a
-/// head since moved them.
-type Places = HashMap<String, HashMap<String, u64>>;
-
-fn ring(tx: &watch::Sender<u64>) {
-    tx.send_modify(|g| *g = g.wrapping_add(1));
-}
-
 /// State shared by the subscriber task and the waiters.
 struct Shared {
-    keys: Mutex<HashMap<String, Bells>>,
-    /// The channels whose plain waiters are to be woken a turn from now,
-    /// each with the fair waiters (tokens) to wake then.
-    later: Mutex<HashMap<String, HashSet<String>>>,
-    /// Where this instance's fair waiters stand in their queues.
-    places: Mutex<Places>,
+    keys: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// The channels whose waiters are to be woken a turn from now.
+    later: Mutex<HashSet<String>>,
     /// The fair waiters, by token.
     tokens: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// This instance's id, as a turn names it.
@@ -106,7 +58,7 @@ struct Shared {
 }
 
 impl Shared {
-    fn keys(&self) -> MutexGuard<'_, HashMap<String, Bells>> {
+    fn keys(&self) -> MutexGuard<'_, HashMap<String, watch::Sender<u64>>> {
         self.keys.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -114,89 +66,51 @@ impl Shared {
         self.tokens.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn places(&self) -> MutexGuard<'_, Places> {
-        self.places.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn later(&self) -> MutexGuard<'_, HashMap<String, HashSet<String>>> {
-        self.later.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn bump(&self, channel: &str) {
-        if let Some(bells) = self.keys().get(channel) {
-            bells.ring();
+        if let Some(tx) = self.keys().get(channel) {
+            tx.send_modify(|g| *g = g.wrapping_add(1));
         }
     }
 
-    /// Wakes `channel`'s waiters: at once, unless `payload` names another
-    /// instance or a fair waiter; then the plain waiters a turn later, and
-    /// the named fair waiter, if it is this instance's, at once, and the
-    /// one right behind it a turn later.
+    /// Wakes `channel`'s waiters: at once, unless `payload` hands the turn
+    /// to another instance; then a turn later.
     fn announce(self: &Arc<Self>, channel: &str, payload: &str) {
         if let Some(head) = payload.strip_prefix(FAIR_TAG) {
             if let Some(tx) = self.tokens().get(head) {
-                ring(tx);
+                tx.send_modify(|g| *g = g.wrapping_add(1));
             }
-            let behind = self.move_up(channel, head);
-            return self.bump_later(channel, behind);
+            return self.bump_later(channel);
         }
         match payload.strip_prefix(TURN_TAG) {
-            Some(who) if who != self.me => self.bump_later(channel, HashSet::new()),
+            Some(who) if who != self.me => self.bump_later(channel),
             _ => self.bump(channel),
         }
     }
 
-    /// A release named `head` in `channel`'s queue: this instance's other
-    /// fair waiters there move up a place. Returns those that stood right
-    /// behind a head (or at it, as their last look saw it).
-    fn move_up(&self, channel: &str, head: &str) -> HashSet<String> {
-        let mut places = self.places();
-        let Some(waiters) = places.get_mut(channel) else {
-            return HashSet::new();
-        };
-        let mut behind = HashSet::new();
-        for (token, place) in waiters.iter_mut().filter(|(t, _)| t.as_str() != head) {
-            if *place <= 1 {
-                behind.insert(token.clone());
-            }
-            *place = place.saturating_sub(1);
-        }
-        behind
-    }
-
-    /// Wakes `channel`'s plain waiters, and its fair waiters `fair`, a
-    /// turn from now.
-    fn bump_later(self: &Arc<Self>, channel: &str, fair: HashSet<String>) {
-        let fresh = match self.later().entry(channel.to_owned()) {
-            Entry::Occupied(mut due) => {
-                due.get_mut().extend(fair);
-                false
-            }
-            Entry::Vacant(slot) => {
-                slot.insert(fair);
-                true
-            }
-        };
+    fn bump_later(self: &Arc<Self>, channel: &str) {
+        let fresh = self
+            .later
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(channel.to_owned());
         if !fresh {
             return;
         }
         let (shared, channel) = (self.clone(), channel.to_owned());
         tokio::spawn(async move {
             tokio::time::sleep(TURN).await;
-            let due = shared.later().remove(&channel).unwrap_or_default();
-            if let Some(bells) = shared.keys().get(&channel) {
-                ring(&bells.plain);
-            }
-            let tokens = shared.tokens();
-            for tx in due.iter().filter_map(|token| tokens.get(token)) {
-                ring(tx);
-            }
+            shared
+                .later
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&channel);
+            shared.bump(&channel);
         });
     }
 
     fn bump_all(&self) {
-        for bells in self.keys().values() {
-            bells.ring();
+        for tx in self.keys().values() {
+            tx.send_modify(|g| *g = g.wrapping_add(1));
         }
     }
 
@@ -224,8 +138,7 @@ impl Notifier {
         let (up, _) = watch::channel(None);
         let shared = Arc::new(Shared {
             keys: Mutex::new(HashMap::new()),
-            later: Mutex::new(HashMap::new()),
-            places: Mutex::new(HashMap::new()),
+            later: Mutex::new(HashSet::new()),
             tokens: Mutex::new(HashMap::new()),
             me,
             up,
@@ -255,51 +168,17 @@ impl Notifier {
     /// the subscription is down, or when the first connection attempt does
     /// not succeed within `within`.
     pub(crate) async fn watch(&self, channel: String, within: Duration) -> Result<KeyWatch, Error> {
-        self.watch_as(channel, None, within).await
-    }
-
-    /// Registers the fair waiter `token` for `channel`: it is woken when a
-    /// release names it, and as a plain waiter is, except a turn after a
-    /// release that named another, unless it stood right behind the head
-    /// (see [`KeyWatch::placed`] and the module docs). Errors as
-    /// [`watch`](Self::watch).
-    pub(crate) async fn watch_fair(
-        &self,
-        channel: String,
-        token: &str,
-        within: Duration,
-    ) -> Result<KeyWatch, Error> {
-        self.watch_as(channel, Some(token), within).await
-    }
-
-    async fn watch_as(
-        &self,
-        channel: String,
-        token: Option<&str>,
-        within: Duration,
-    ) -> Result<KeyWatch, Error> {
         let rx = {
             let mut keys = self.shared.keys();
-            let bells = keys.entry(channel.clone()).or_insert_with(Bells::new);
-            match token {
-                Some(_) => bells.fair.subscribe(),
-                None => bells.plain.subscribe(),
-            }
-        };
-        let own = token.map(|token| {
-            let rx = self
-                .shared
-                .tokens()
-                .entry(token.to_owned())
+            keys.entry(channel.clone())
                 .or_insert_with(|| watch::channel(0).0)
-                .subscribe();
-            (token.to_owned(), rx)
-        });
+                .subscribe()
+        };
         let w = KeyWatch {
             shared: self.shared.clone(),
             channel,
             rx,
-            own,
+            own: None,
         };
         let mut up = self.shared.up.subscribe();
         let live = matches!(
@@ -384,18 +263,16 @@ pub(crate) struct KeyWatch {
 }
 
 impl KeyWatch {
-    /// Notes this fair waiter's place in the queue as its look found it
-    /// (0: the head); releases that name a head move it up from there. A
-    /// plain waiter's watch ignores it.
-    pub(crate) fn placed(&self, place: u64) {
-        let Some((token, _)) = &self.own else {
-            return;
-        };
-        self.shared
-            .places()
-            .entry(self.channel.clone())
-            .or_default()
-            .insert(token.clone(), place);
+    /// Also wakes for the announcements naming `token` (a fair waiter's).
+    pub(crate) fn for_token(mut self, token: &str) -> Self {
+        let rx = self
+            .shared
+            .tokens()
+            .entry(token.to_owned())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        self.own = Some((token.to_owned(), rx));
+        self
     }
 }
 
@@ -422,18 +299,11 @@ impl Drop for KeyWatch {
     fn drop(&mut self) {
         if let Some((token, _)) = &self.own {
             self.shared.tokens().remove(token);
-            let mut places = self.shared.places();
-            if let Some(waiters) = places.get_mut(&self.channel) {
-                waiters.remove(token);
-                if waiters.is_empty() {
-                    places.remove(&self.channel);
-                }
-            }
         }
         let mut keys = self.shared.keys();
         let last = keys
             .get(&self.channel)
-            .is_some_and(|bells| bells.listeners() <= 1);
+            .is_some_and(|tx| tx.receiver_count() <= 1);
         if last {
             keys.remove(&self.channel);
         }

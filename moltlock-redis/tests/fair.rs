@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use moltlock_core::{Backend, LockKey, LockManager, RetryPolicy, Token};
+use moltlock_core::{Backend, LockKey, Token};
 use moltlock_fixtures::redis as fx;
 use moltlock_redis::{redis, RedisBackend, RedisConfig};
 
@@ -222,108 +222,17 @@ async fn next_payload(
     Ok(told.get_payload()?)
 }
 
-/// A release that names the fair queue's head wakes, of the other fair
-/// waiters, only the one next in line, a turn later (in case the head is
-/// gone): the others' places are as they were, and each renews its own on
-/// its clock (here a third of 30 s). A plain waiter of the same key is
-/// woken a turn later too. So in the half second after the release the
-/// server runs four scripts (the release, the head's take, the look of the
-/// waiter behind it, the plain waiter's attempt); waking the last two fair
-/// waiters too would add one look each.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_to_the_fair_head_wakes_only_the_next_fair_waiter(
-) -> Result<(), Box<dyn std::error::Error>> {
-    let server = fx::start_owned()?;
-    let open = || async {
-        Ok::<_, Box<dyn std::error::Error>>(RedisBackend::from_url(&server.url()).await?)
-    };
-    let key = LockKey::new("fair/quiet")?;
-    let ttl = Duration::from_secs(30);
-    let holder_side = open().await?;
-    let holder = Token::random();
-    holder_side.cas(&key, None, &holder, ttl).await?;
-    let mut fair = Vec::new();
-    for _ in 0..4 {
-        let (side, k, token) = (open().await?, key.clone(), Token::random());
-        fair.push(tokio::spawn(async move {
-            let queue = side.fair_queue().ok_or("no fair queue")?;
-            let fence = queue
-                .acquire(&k, &token, ttl)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>((side, token, fence))
-        }));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let plain_side = open().await?;
-    // It backs off for a minute: only a release announcement wakes it.
-    let plain = LockManager::builder(plain_side.clone())
-        .retry(RetryPolicy::Fixed(Duration::from_secs(60)))
-        .build()?;
-    let plain_wait = tokio::spawn(async move { plain.lock("fair/quiet").await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-
-    let mut raw = redis::Client::open(server.raw_url())?
-        .get_multiplexed_async_connection()
-        .await?;
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut raw)
-        .await?;
-    assert!(holder_side.delete(&key, &holder).await?);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut raw)
-        .await?;
-    assert!(stats.contains("cmdstat_evalsha:calls=4,"), "{stats}");
-    let mut fair = fair.into_iter();
-    let first = fair.next().ok_or("no head")?;
-    let (side, token, _) = tokio::time::timeout(Duration::from_secs(2), first)
-        .await
-        .map_err(|_| "the named head was not woken")???;
-    assert!(
-        fair.all(|w| !w.is_finished()),
-        "a fair waiter took a held key"
-    );
-    assert!(
-        !plain_wait.is_finished(),
-        "the plain waiter took a held key"
-    );
-    plain_wait.abort();
-    assert!(side.delete(&key, &token).await?);
-    Ok(())
-}
-
-/// A waiter that looked when it was third is woken a turn after the
-/// release that names the place right ahead of it, though it has not
-/// looked since: releases that name a head move it up. Here that place is
-/// a frozen waiter's, dead by then, so the waiter behind takes the key a
-/// turn after the release, not by its own clock (a third of its 30 s TTL).
+/// A release that names a head which does not take the key (a frozen
+/// waiter's place, dead by then) leaves no waiter behind it to its own
+/// clock (a third of its 30 s TTL): a waiter that last looked when it was
+/// third takes the key a turn after the release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_behind_a_dead_named_head_is_woken_a_turn_later(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let server = fx::start_owned()?;
-    let open = || async {
-        Ok::<_, Box<dyn std::error::Error>>(RedisBackend::from_url(&server.url()).await?)
-    };
     let key = LockKey::new("fair/stale")?;
-    let ttl = Duration::from_secs(30);
-    let holder_side = open().await?;
-    let holder = Token::random();
-    holder_side.cas(&key, None, &holder, ttl).await?;
-    let wait_in = |side: RedisBackend, token: Token| {
-        let k = key.clone();
-        tokio::spawn(async move {
-            let queue = side.fair_queue().ok_or("no fair queue")?;
-            let fence = queue
-                .acquire(&k, &token, ttl)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>((side, token, fence))
-        })
-    };
-    let first = wait_in(open().await?, Token::random());
+    let (holder_side, holder) = held(&server, &key).await?;
+    let first = fair_wait(RedisBackend::from_url(&server.url()).await?, &key);
     tokio::time::sleep(Duration::from_millis(100)).await;
     // A frozen waiter's place behind the first, alive for 1 s more.
     let mut raw = redis::Client::open(server.raw_url())?
@@ -342,7 +251,7 @@ async fn a_waiter_behind_a_dead_named_head_is_woken_a_turn_later(
         .arg("frozen")
         .query_async(&mut raw)
         .await?;
-    let third = wait_in(open().await?, Token::random());
+    let third = fair_wait(RedisBackend::from_url(&server.url()).await?, &key);
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     assert!(holder_side.delete(&key, &holder).await?);
@@ -362,4 +271,36 @@ async fn a_waiter_behind_a_dead_named_head_is_woken_a_turn_later(
     );
     assert!(side.delete(&key, &token).await?);
     Ok(())
+}
+
+/// The TTL of the holds and places of the tests on a private server.
+const LONG_TTL: Duration = Duration::from_secs(30);
+
+/// A backend of its own on `server` holding `key` for [`LONG_TTL`], and
+/// the holder's token.
+async fn held(
+    server: &fx::OwnedRedis,
+    key: &LockKey,
+) -> Result<(RedisBackend, Token), Box<dyn std::error::Error>> {
+    let side = RedisBackend::from_url(&server.url()).await?;
+    let holder = Token::random();
+    side.cas(key, None, &holder, LONG_TTL).await?;
+    Ok((side, holder))
+}
+
+/// A fair waiter for `key` on `side` (TTL [`LONG_TTL`]): the backend, its
+/// token and fence once it holds the key.
+fn fair_wait(
+    side: RedisBackend,
+    key: &LockKey,
+) -> tokio::task::JoinHandle<Result<(RedisBackend, Token, moltlock_core::Fence), String>> {
+    let (key, token) = (key.clone(), Token::random());
+    tokio::spawn(async move {
+        let queue = side.fair_queue().ok_or("no fair queue")?;
+        let fence = queue
+            .acquire(&key, &token, LONG_TTL)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((side, token, fence))
+    })
 }

@@ -34,7 +34,6 @@ const LOCKER_ACL: &[&str] = &[
     "+zrem",
     "+zrange",
     "+zrangebyscore",
-    "+zrank",
     "+zscore",
     "+sadd",
     "+spop",
