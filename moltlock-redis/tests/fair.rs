@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use moltlock_core::{Backend, LockKey, Token};
 use moltlock_fixtures::redis as fx;
-use moltlock_redis::{redis, RedisBackend, RedisConfig};
+use moltlock_redis::{RedisBackend, RedisConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_fair_waiter_is_passed_after_its_ttl() -> Result<(), Box<dyn std::error::Error>> {
@@ -19,15 +19,7 @@ async fn a_crashed_fair_waiter_is_passed_after_its_ttl() -> Result<(), Box<dyn s
     backend
         .cas(&key, None, &holder, Duration::from_secs(10))
         .await?;
-    let queue = backend.fair_queue().ok_or("no fair queue")?;
-
-    // A waiter takes a place with a 1 s TTL, then never looks again and
-    // never leaves: its future is leaked, as a crashed process's would be.
-    let crashed = Token::random();
-    let mut first = Box::pin(queue.acquire(&key, &crashed, Duration::from_secs(1)));
-    let early = tokio::time::timeout(Duration::from_millis(200), &mut first).await;
-    assert!(early.is_err(), "a fair waiter took a held key");
-    std::mem::forget(first);
+    crash_in_queue(&backend, &key).await?;
 
     let (b, k) = (backend.clone(), key.clone());
     let second = tokio::spawn(async move {
@@ -222,7 +214,7 @@ async fn next_payload(
     Ok(told.get_payload()?)
 }
 
-/// A release that names a head which does not take the key (a frozen
+/// A release that names a head which does not take the key (a crashed
 /// waiter's place, dead by then) leaves no waiter behind it to its own
 /// clock (a third of its 30 s TTL): a waiter that last looked when it was
 /// third takes the key a turn after the release.
@@ -234,23 +226,7 @@ async fn a_waiter_behind_a_dead_named_head_is_woken_a_turn_later(
     let (holder_side, holder) = held(&server, &key).await?;
     let first = fair_wait(RedisBackend::from_url(&server.url()).await?, &key);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    // A frozen waiter's place behind the first, alive for 1 s more.
-    let mut raw = redis::Client::open(server.raw_url())?
-        .get_multiplexed_async_connection()
-        .await?;
-    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut raw).await?;
-    let _: () = redis::cmd("ZADD")
-        .arg("moltlock:{fair/stale}:queue")
-        .arg(secs * 1_000_000 + micros)
-        .arg("frozen")
-        .query_async(&mut raw)
-        .await?;
-    let _: () = redis::cmd("ZADD")
-        .arg("moltlock:{fair/stale}:alive")
-        .arg(secs * 1000 + micros / 1000 + 1000)
-        .arg("frozen")
-        .query_async(&mut raw)
-        .await?;
+    crash_in_queue(&RedisBackend::from_url(&server.url()).await?, &key).await?;
     let third = fair_wait(RedisBackend::from_url(&server.url()).await?, &key);
     tokio::time::sleep(Duration::from_millis(100)).await;
 
@@ -303,4 +279,20 @@ fn fair_wait(
             .map_err(|e| e.to_string())?;
         Ok((side, token, fence))
     })
+}
+
+/// A fair waiter on `side` takes a place in `key`'s queue with a 1 s TTL,
+/// then never looks again and never leaves: its future is leaked, as a
+/// crashed process's would be.
+async fn crash_in_queue(
+    side: &RedisBackend,
+    key: &LockKey,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let queue = side.fair_queue().ok_or("no fair queue")?;
+    let token = Token::random();
+    let mut place = Box::pin(queue.acquire(key, &token, Duration::from_secs(1)));
+    let early = tokio::time::timeout(Duration::from_millis(200), &mut place).await;
+    assert!(early.is_err(), "a fair waiter took a held key");
+    std::mem::forget(place);
+    Ok(())
 }
