@@ -2,6 +2,8 @@
 //! statements, the clock a reply reports, and the dialect's own extras
 //! (LISTEN/NOTIFY for Postgres, sweeps, migrations).
 
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -78,6 +80,16 @@ impl<D: Ops> Shared<D> {
     }
 }
 
+/// A fair waiter's release watch, and whether its last wait ended by a
+/// release that named that waiter as the queue's head (the release's own
+/// read found it there, so it may take the key without looking first).
+pub struct TurnWatch {
+    /// The release watch.
+    pub watch: Box<dyn ReleaseWatch>,
+    /// Set by a wake from a release naming the waiter; the waiter clears it.
+    pub named: Arc<AtomicBool>,
+}
+
 /// The places of the fair queue: one row per waiter and key, in a table
 /// beside the locks, ordered by a number the database draws on insert.
 /// Places live by the database clock until `alive_until`, which each look
@@ -103,11 +115,7 @@ pub trait Queue: Send + Sync {
     /// A release watch of `key` for the fair waiter `owner` that also
     /// hears the releases naming it as the queue's head; `None` where the
     /// dialect's releases name nobody (the backend's plain watch serves).
-    async fn watch_turn(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-    ) -> Option<Result<Box<dyn ReleaseWatch>, Error>> {
+    async fn watch_turn(&self, key: &LockKey, owner: &Token) -> Option<Result<TurnWatch, Error>> {
         let _ = (key, owner);
         None
     }

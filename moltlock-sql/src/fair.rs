@@ -16,7 +16,8 @@
 //!
 //! Between looks a waiter sleeps until the key may have been released:
 //! Postgres wakes it by `LISTEN/NOTIFY` (its wait marks the hold, so the
-//! release notifies), at the latest after a third of its TTL (a waiter
+//! release notifies; a waiter the release names as the head tries the key
+//! at once, with no look first), at the latest after a third of its TTL (a waiter
 //! behind others that finds the key free between a release and the head's
 //! take looks again within 1 ms, doubling, so it marks the head's hold in
 //! time to hear its release); SQLite and
@@ -29,6 +30,8 @@
 //! takes its place out at once (and again until a look it dropped in flight
 //! can no longer land).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -38,7 +41,7 @@ use moltlock_core::{
 use tokio::time::Instant;
 
 use crate::backend::SqlBackend;
-use crate::dialect::{Dialect, Write};
+use crate::dialect::{Dialect, TurnWatch, Write};
 
 /// The least time a place lives past a look.
 const LEAST_LIVE: Duration = Duration::from_millis(500);
@@ -218,16 +221,18 @@ impl<D: Dialect> SqlBackend<D> {
     /// hold, and hears its release: a waiter that slept its whole poll
     /// pause would miss the release of a hold shorter than that, and look
     /// only after it.
+    ///
+    /// Returns whether a release named this waiter as the queue's head.
     async fn sleep(
         &self,
-        watch: &mut Option<Box<dyn ReleaseWatch>>,
+        wake: &mut Wake,
         (held, ahead): (Option<Held>, u64),
         pauses: &mut Pauses,
         ttl: Duration,
-    ) {
+    ) -> bool {
         let started = Instant::now();
         let polled = poll_pause(ahead, &mut pauses.head);
-        let mut pause = match watch {
+        let mut pause = match wake.watch {
             Some(_) if ahead == 0 => (ttl / 3).max(GAP),
             Some(_) => (ttl / 3).min(BEHIND * places(ahead)).max(GAP),
             None => polled,
@@ -235,16 +240,18 @@ impl<D: Dialect> SqlBackend<D> {
         if let Some(left) = held.as_ref().and_then(|h| h.expires_in) {
             pause = pause.min(left + Duration::from_millis(1));
         }
-        let Some(w) = watch.as_mut() else {
-            return tokio::time::sleep(pause).await;
+        let Some(w) = wake.watch.as_mut() else {
+            tokio::time::sleep(pause).await;
+            return false;
         };
         let held = held.unwrap_or_default();
         tokio::select! {
-            told = w.released(&held) => if told.is_err() { *watch = None },
+            told = w.released(&held) => if told.is_err() { wake.watch = None },
             _ = tokio::time::sleep(pause) => {}
         }
-        if ahead == 0 {
-            return;
+        let named = wake.was_named();
+        if ahead == 0 || named {
+            return named;
         }
         if started.elapsed() < AT_ONCE {
             let pause = pauses.soon.min(polled);
@@ -253,6 +260,7 @@ impl<D: Dialect> SqlBackend<D> {
         } else {
             pauses.soon = HEAD_FIRST;
         }
+        false
     }
 
     /// Waits in the queue of `key`, then holds it as `token`.
@@ -262,13 +270,7 @@ impl<D: Dialect> SqlBackend<D> {
         token: &Token,
         ttl: Duration,
     ) -> Result<Fence, Error> {
-        let mut watch = match D::queue(&self.inner).watch_turn(key, token).await {
-            Some(named) => named.ok(),
-            None => match self.watcher() {
-                Some(w) => w.watch(key).await.ok(),
-                None => None,
-            },
-        };
+        let mut wake = Wake::open(self, key, token).await;
         // A try that lost to contention (a deadlock over the queue's range
         // locks, a lock wait timeout) queues. A database that cannot be
         // reached fails the acquisition, as before it queued.
@@ -292,9 +294,16 @@ impl<D: Dialect> SqlBackend<D> {
         };
         let mut pauses = Pauses::default();
         let mut head_since = None;
+        let mut named = false;
         loop {
             let looked = Instant::now();
-            match self.next_look(key, token, ttl, &mut head_since).await {
+            // Named by a release, whose own read found this waiter at the
+            // head: take the key at once, without a look first.
+            let attempt = match std::mem::take(&mut named) {
+                true => self.try_take(key, token, ttl).await,
+                false => self.next_look(key, token, ttl, &mut head_since).await,
+            };
+            match attempt {
                 Ok(Looked::Taken(fence, left)) => {
                     match left {
                         true => place.left = true,
@@ -303,8 +312,10 @@ impl<D: Dialect> SqlBackend<D> {
                     return Ok(fence);
                 }
                 Ok(Looked::Wait(held, ahead)) => {
-                    self.sleep(&mut watch, (held, ahead), &mut pauses, ttl)
-                        .await
+                    named = self.sleep(&mut wake, (held, ahead), &mut pauses, ttl).await;
+                    if named {
+                        continue;
+                    }
                 }
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(%key, error = %e, "fair queue look failed; retrying");
@@ -314,6 +325,39 @@ impl<D: Dialect> SqlBackend<D> {
             }
             tokio::time::sleep_until(looked + GAP).await;
         }
+    }
+}
+
+/// How a fair waiter hears of releases.
+struct Wake {
+    /// The release watch; `None`: the waiter polls.
+    watch: Option<Box<dyn ReleaseWatch>>,
+    /// Set by a release naming the waiter as the queue's head, where the
+    /// dialect's releases name heads (see [`TurnWatch`]).
+    named: Option<Arc<AtomicBool>>,
+}
+
+impl Wake {
+    /// The dialect's watch that hears the releases naming the waiter, or
+    /// else the backend's plain release watch, or none.
+    async fn open<D: Dialect>(backend: &SqlBackend<D>, key: &LockKey, token: &Token) -> Self {
+        let (watch, named) = match D::queue(&backend.inner).watch_turn(key, token).await {
+            Some(Ok(TurnWatch { watch, named })) => (Some(watch), Some(named)),
+            Some(Err(_)) => (None, None),
+            None => match backend.watcher() {
+                Some(w) => (w.watch(key).await.ok(), None),
+                None => (None, None),
+            },
+        };
+        Self { watch, named }
+    }
+
+    /// Whether the last wait ended by a release naming this waiter (and
+    /// forgets it).
+    fn was_named(&self) -> bool {
+        self.named
+            .as_ref()
+            .is_some_and(|n| n.swap(false, Ordering::Relaxed))
     }
 }
 

@@ -68,9 +68,11 @@
 //!   When the listening connection drops, every waiter is woken to look
 //!   again and it reconnects by itself. A release of a key whose fair
 //!   queue has a live place names the queue's head in its notification:
-//!   that waiter is woken at once, the key's other waiters 20 ms later (at
-//!   most once per 20 ms), so a release sets one fair waiter going, not the
-//!   whole queue. Waiters of versions before this naming hear such a
+//!   that waiter is woken at once and takes the key with its next
+//!   statement, without looking at the queue first (the release's own read
+//!   found it at the head); the key's other waiters are woken 20 ms later
+//!   (at most once per 20 ms), so a release sets one fair waiter going, not
+//!   the whole queue. Waiters of versions before this naming hear such a
 //!   release only by their mark's expiry or retry policy.
 //! - Behind PgBouncer in transaction mode, `LISTEN` does not work (it needs a
 //!   session): point [`SqlConfig`] at a session-mode pool or the server, or
@@ -298,31 +300,32 @@ fn saw_clock(db: &Shared<Pg>, sent_at: Instant, now_us: i64) {
 #[async_trait]
 impl Watch for Shared<Pg> {
     async fn watch(&self, key: &LockKey) -> Result<Box<dyn ReleaseWatch>, Error> {
-        self.marking(key, None).await
+        Ok(Box::new(self.marking(key, None).await?))
     }
 }
 
 impl Shared<Pg> {
     /// A watch of `key` that keeps its row marked while it waits; with
     /// `named`, it also hears the releases that name that fair waiter.
-    pub(super) async fn marking(
+    async fn marking(
         &self,
         key: &LockKey,
         named: Option<&Token>,
-    ) -> Result<Box<dyn ReleaseWatch>, Error> {
+    ) -> Result<listen::Marking, Error> {
         let listener = &self.dialect.listener;
         let (events, named) = listener
             .watch(&self.pool, key.as_str(), named.map(Token::as_str))
             .await
             .map_err(|e| map(Pg::NAME, e))?;
-        Ok(Box::new(listen::Marking {
+        Ok(listen::Marking {
             events,
             named,
+            woke_named: Arc::default(),
             pool: self.pool.clone(),
             mark: self.dialect.sql.mark.clone(),
             key: key.as_str().to_owned(),
             marked_until: None,
-        }))
+        })
     }
 }
 

@@ -345,3 +345,56 @@ async fn a_place_is_written_only_when_a_quarter_of_its_time_passed() {
     got_within(behind, 10).await.release().await.unwrap();
     c.done().await;
 }
+
+/// A fair waiter named by a release takes the key with its next
+/// statement: the release's own read found it at the head, so it does not
+/// look at the queue first. A look would drop the dead place put behind
+/// it; the place is still there once the waiter holds the key. The waiter
+/// last looked with 40 live places ahead of it (its next look 10 s away),
+/// and those places are gone by the release.
+#[tokio::test]
+async fn a_named_head_takes_the_key_without_looking_first() {
+    let mut c = Case::new("notify_named").await;
+    let holder = LockManager::new(c.backend().await);
+    let held = holder.lock("n").await.unwrap();
+    let queue = format!("\"{}_queue\"", c.table);
+    let ahead = format!(
+        "INSERT INTO {queue} (key, owner, alive_until) \
+         SELECT 'n', 'ahead-' || i, now() + interval '60 seconds' FROM generate_series(1, 40) i"
+    );
+    sqlx::query(&ahead).execute(&c.pool).await.unwrap();
+    let fair = LockOptions::new().fair().timeout(Duration::from_secs(30));
+    let task = wait_for(slow_waiter(c.backend().await), "n", fair);
+    let waiting = format!("SELECT count(*) FROM {queue} WHERE owner NOT LIKE 'ahead-%'");
+    let mut placed = 0_i64;
+    for _ in 0..200 {
+        placed = sqlx::query_scalar(&waiting)
+            .fetch_one(&c.pool)
+            .await
+            .unwrap();
+        if placed == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(placed, 1, "the waiter took no place");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reshape = format!(
+        "DELETE FROM {queue} WHERE owner LIKE 'ahead-%'; \
+         INSERT INTO {queue} (key, owner, alive_until) \
+         VALUES ('n', 'dead', now() - interval '1 second')"
+    );
+    sqlx::raw_sql(&reshape).execute(&c.pool).await.unwrap();
+    held.release().await.unwrap();
+    let next = got_within(task, 5).await;
+    let told = heard(&mut c.listener, Duration::from_millis(300)).await;
+    assert_eq!(told, [naming("n", next.token().as_str())], "not named");
+    let dead = format!("SELECT count(*) FROM {queue} WHERE owner = 'dead'");
+    let kept: i64 = sqlx::query_scalar(&dead).fetch_one(&c.pool).await.unwrap();
+    assert_eq!(
+        kept, 1,
+        "the named waiter looked at the queue before its take"
+    );
+    next.release().await.unwrap();
+    c.done().await;
+}

@@ -19,12 +19,12 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use moltlock_core::{CasOutcome, Error, LockKey, ReleaseWatch, Token};
+use moltlock_core::{CasOutcome, Error, LockKey, Token};
 
 use super::{qualified, take, Pg};
 use crate::config::SqlConfig;
 use crate::convert::millis;
-use crate::dialect::{DbResult, Queue, Shared, Write};
+use crate::dialect::{DbResult, Queue, Shared, TurnWatch, Write};
 
 /// The queue's statements, built once from validated names.
 pub(super) struct QueueSql {
@@ -133,12 +133,11 @@ impl Queue for Shared<Pg> {
         Ok(Some(take::run(self, w, &self.dialect.queue.take).await?))
     }
 
-    async fn watch_turn(
-        &self,
-        key: &LockKey,
-        owner: &Token,
-    ) -> Option<Result<Box<dyn ReleaseWatch>, Error>> {
-        Some(self.marking(key, Some(owner)).await)
+    async fn watch_turn(&self, key: &LockKey, owner: &Token) -> Option<Result<TurnWatch, Error>> {
+        Some(self.marking(key, Some(owner)).await.map(|m| TurnWatch {
+            named: m.woke_named.clone(),
+            watch: Box::new(m),
+        }))
     }
 
     async fn take_head(&self, w: Write<'_>) -> DbResult<Option<CasOutcome>> {
