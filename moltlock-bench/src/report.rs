@@ -151,7 +151,8 @@ impl Report {
         let _ = writeln!(
             s,
             "## MoltLock benchmark\n\n{} cores; {} ms per measurement (throughput: the floor \
-             and MoltLock in {} alternating rounds); {} parallel tasks; \
+             and MoltLock cycle by cycle with one task, in {} alternating rounds with more); \
+             {} parallel tasks; \
              {} contenders holding {} µs; renewal: {} locks, TTL {} ms; sections: {}.\n",
             st.cores,
             st.duration_ms,

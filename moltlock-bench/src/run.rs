@@ -38,9 +38,10 @@ pub struct Args {
     /// Tasks of the parallel loop.
     #[arg(long, default_value_t = 32)]
     pub tasks: usize,
-    /// Rounds of the throughput section: the floor and MoltLock take turns
-    /// (A B B A …), each round a share of `--duration`, so a machine whose
-    /// speed drifts during the run weighs on both alike.
+    /// Rounds of the throughput section's parallel loops: the floor and
+    /// MoltLock take turns (A B B A …), each round a share of `--duration`,
+    /// so a machine whose speed drifts during the run weighs on both alike.
+    /// (One task alternates cycle by cycle.)
     #[arg(long, default_value_t = 4)]
     pub rounds: u32,
     /// Tasks competing for one key.
@@ -432,7 +433,7 @@ async fn peer_locker(t: &Target) -> Result<Arc<dyn Locker>, String> {
     }
 }
 
-/// The peer's single task against the floor, in alternating rounds as
+/// The peer's single task against the floor, cycle by cycle as
 /// MoltLock's, then its contended run.
 async fn measure_peer(t: &Target, a: &Args, p: &mut PeerReport) -> Result<(), String> {
     let floor = Floor::connect(t).await?;
