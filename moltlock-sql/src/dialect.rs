@@ -112,6 +112,15 @@ pub trait Queue: Send + Sync {
         let _ = w;
         Ok(None)
     }
+    /// The single acquisition of `w` by a fair waiter a release named as
+    /// the queue's head, made only while its place is live and no live
+    /// place is ahead of it (a naming may have gone stale before the waiter
+    /// acted on it), taking its place out when it takes the key; `None`
+    /// where the dialect has no such statement (the waiter looks first).
+    async fn take_named(&self, w: Write<'_>) -> DbResult<Option<CasOutcome>> {
+        let _ = w;
+        Ok(None)
+    }
     /// A release watch of `key` for the fair waiter `owner` that also
     /// hears the releases naming it as the queue's head; `None` where the
     /// dialect's releases name nobody (the backend's plain watch serves).

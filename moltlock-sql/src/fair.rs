@@ -17,7 +17,8 @@
 //! Between looks a waiter sleeps until the key may have been released:
 //! Postgres wakes it by `LISTEN/NOTIFY` (its wait marks the hold, so the
 //! release notifies; a waiter the release names as the head tries the key
-//! at once, with no look first), at the latest after a third of its TTL (a waiter
+//! at once, with no look first, by a statement that checks it is still
+//! the live head), at the latest after a third of its TTL (a waiter
 //! behind others that finds the key free between a release and the head's
 //! take looks again within 1 ms, doubling, so it marks the head's hold in
 //! time to hear its release); SQLite and
@@ -150,6 +151,27 @@ impl<D: Dialect> SqlBackend<D> {
             }
             CasOutcome::Held(h) => Ok(Looked::Wait(Some(h), 0)),
         }
+    }
+
+    /// The take of a waiter a release named as the head, in one statement
+    /// that checks its place is live and first; `None` when it took
+    /// nothing (the key is held, the naming went stale, or the dialect has
+    /// no such statement).
+    async fn take_named(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Option<Fence>, Error> {
+        let w = Write {
+            key,
+            new: token,
+            ttl,
+        };
+        Ok(match self.run(D::queue(&self.inner).take_named(w)).await? {
+            Some(CasOutcome::Acquired { fence }) => Some(fence),
+            _ => None,
+        })
     }
 
     /// Takes the key at once when it is free and has no live place: one
@@ -298,10 +320,16 @@ impl<D: Dialect> SqlBackend<D> {
         loop {
             let looked = Instant::now();
             // Named by a release, whose own read found this waiter at the
-            // head: take the key at once, without a look first.
-            let attempt = match std::mem::take(&mut named) {
-                true => self.try_take(key, token, ttl).await,
-                false => self.next_look(key, token, ttl, &mut head_since).await,
+            // head: take the key at once, by a statement that checks it is
+            // still first; look first only when that took nothing.
+            let taken = match std::mem::take(&mut named) {
+                true => self.take_named(key, token, ttl).await,
+                false => Ok(None),
+            };
+            let attempt = match taken {
+                Ok(Some(fence)) => Ok(Looked::Taken(fence, true)),
+                Ok(None) => self.next_look(key, token, ttl, &mut head_since).await,
+                Err(e) => Err(e),
             };
             match attempt {
                 Ok(Looked::Taken(fence, left)) => {

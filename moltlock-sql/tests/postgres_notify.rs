@@ -398,3 +398,75 @@ async fn a_named_head_takes_the_key_without_looking_first() {
     next.release().await.unwrap();
     c.done().await;
 }
+
+/// A naming that no longer holds (it went stale while the waiter could not
+/// act on it: paused, its place dead and taken again at the tail) lets the
+/// waiter take nothing while a live place is ahead of it: it looks again
+/// and waits its turn. Here the naming is sent by hand while the key is
+/// free: for a waiter with a live place ahead of it, then for one whose
+/// place is gone, with a later waiter's place live.
+#[tokio::test]
+async fn a_stale_naming_takes_nothing_past_a_live_place() {
+    let mut c = Case::new("notify_stale").await;
+    let holder = LockManager::new(c.backend().await);
+    let held = holder.lock("s").await.unwrap();
+    let queue = format!("\"{}_queue\"", c.table);
+    let ahead = format!(
+        "INSERT INTO {queue} (key, owner, alive_until) VALUES ('s', 'ahead', now() + interval '60 seconds')"
+    );
+    sqlx::query(&ahead).execute(&c.pool).await.unwrap();
+    let fair = LockOptions::new().fair().timeout(Duration::from_secs(30));
+    let task = wait_for(slow_waiter(c.backend().await), "s", fair);
+    let waiter = format!("SELECT owner FROM {queue} WHERE owner <> 'ahead'");
+    let mut token = None;
+    for _ in 0..200 {
+        token = sqlx::query_scalar::<_, String>(&waiter)
+            .fetch_optional(&c.pool)
+            .await
+            .unwrap();
+        if token.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let Some(token) = token else {
+        panic!("the waiter took no place")
+    };
+    held.release().await.unwrap();
+    let told = heard(&mut c.listener, Duration::from_millis(300)).await;
+    assert_eq!(told, [naming("s", "ahead")], "the release named another");
+    let channel = format!("moltlock_{}", c.table);
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(&channel)
+        .bind(naming("s", &token))
+        .execute(&c.pool)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !task.is_finished(),
+        "a waiter took the key past a live place ahead of it"
+    );
+    // Its place gone (as a dead place is dropped), a later waiter's place
+    // live: named again, it takes nothing and queues behind that place.
+    let reshape = format!(
+        "DELETE FROM {queue}; INSERT INTO {queue} (key, owner, alive_until) \
+         VALUES ('s', 'later', now() + interval '60 seconds')"
+    );
+    sqlx::raw_sql(&reshape).execute(&c.pool).await.unwrap();
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(&channel)
+        .bind(naming("s", &token))
+        .execute(&c.pool)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !task.is_finished(),
+        "a waiter whose place was gone took the key past a live place"
+    );
+    let gone = format!("DELETE FROM {queue} WHERE owner = 'later'");
+    sqlx::query(&gone).execute(&c.pool).await.unwrap();
+    got_within(task, 5).await.release().await.unwrap();
+    c.done().await;
+}

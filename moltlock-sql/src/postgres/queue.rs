@@ -38,6 +38,10 @@ pub(super) struct QueueSql {
     /// place out in the same statement when it takes the key (store-clock
     /// mode).
     take_head: String,
+    /// The single acquisition by a waiter a release named as the head:
+    /// only while its place is live and no live place is ahead of it
+    /// (store-clock mode), taking the place out as `take_head` does.
+    take_named: String,
     look: String,
     leave: String,
 }
@@ -58,6 +62,10 @@ impl QueueSql {
         let hold = format!(
             "SELECT $1::text, $2::text, nextval('{seq}'), now() + {ms}, now(), 1, $3::bigint"
         );
+        let gone = format!(
+            ", gone AS (DELETE FROM {q} WHERE key = $1 AND owner = $2 \
+             AND EXISTS (SELECT 1 FROM ins))"
+        );
         Ok(Self {
             ddl: format!(
                 "CREATE {logged}TABLE IF NOT EXISTS {q} (seq bigserial PRIMARY KEY, \
@@ -71,14 +79,16 @@ impl QueueSql {
                 false,
                 "",
             ),
-            take_head: take::single(
+            take_head: take::single(&t, &hold, false, &gone),
+            take_named: take::single(
                 &t,
-                &hold,
-                false,
                 &format!(
-                    ", gone AS (DELETE FROM {q} WHERE key = $1 AND owner = $2 \
-                     AND EXISTS (SELECT 1 FROM ins))"
+                    "{hold} WHERE EXISTS (SELECT 1 FROM {q} me WHERE me.key = $1 \
+                     AND me.owner = $2 AND me.alive_until > now() \
+                     AND NOT EXISTS (SELECT 1 FROM {q} p WHERE {live} AND p.seq < me.seq))"
                 ),
+                false,
+                &gone,
             ),
             // The snapshot does not show a row `put` writes, and the other
             // places it shows are judged alive by the clock, so `gone` needs
@@ -146,6 +156,15 @@ impl Queue for Shared<Pg> {
         }
         Ok(Some(
             take::run(self, w, &self.dialect.queue.take_head).await?,
+        ))
+    }
+
+    async fn take_named(&self, w: Write<'_>) -> DbResult<Option<CasOutcome>> {
+        if self.observed.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(
+            take::run(self, w, &self.dialect.queue.take_named).await?,
         ))
     }
 
