@@ -262,12 +262,11 @@ async fn a_named_head_that_is_gone_does_not_stall_the_queue() {
     let mut c = Case::new("notify_gone").await;
     let holder = LockManager::new(c.backend().await);
     let held = holder.lock("g").await.unwrap();
-    let ghost = format!(
-        "INSERT INTO \"{}_queue\" (key, owner, alive_until) \
+    c.on_queue(
+        "INSERT INTO {queue} (key, owner, alive_until) \
          VALUES ('g', 'gone', now() + interval '2 seconds')",
-        c.table
-    );
-    sqlx::query(&ghost).execute(&c.pool).await.unwrap();
+    )
+    .await;
     let fair = LockOptions::new().fair().timeout(Duration::from_secs(30));
     let task = wait_for(slow_waiter(c.backend().await), "g", fair);
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -346,6 +345,57 @@ async fn a_place_is_written_only_when_a_quarter_of_its_time_passed() {
     c.done().await;
 }
 
+impl Case {
+    /// Runs `sql` with `{queue}` standing for the table's fair queue.
+    async fn on_queue(&self, sql: &str) {
+        let sql = sql.replace("{queue}", &format!("\"{}_queue\"", self.table));
+        if let Err(e) = sqlx::raw_sql(&sql).execute(&self.pool).await {
+            panic!("{sql}: {e}");
+        }
+    }
+
+    /// How many places of `key` have `owner`.
+    async fn places_of(&self, key: &str, owner: &str) -> i64 {
+        let sql = format!(
+            "SELECT count(*) FROM \"{}_queue\" WHERE key = $1 AND owner = $2",
+            self.table
+        );
+        let counted = sqlx::query_scalar(&sql).bind(key).bind(owner);
+        counted
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The owner of the first place of `key` that a waiter took, once one
+    /// did (the places a test puts by hand have owners starting with `~`).
+    async fn waiter_place(&self, key: &str) -> String {
+        let sql = format!(
+            "SELECT owner FROM \"{}_queue\" WHERE key = $1 AND owner NOT LIKE '~%'",
+            self.table
+        );
+        for _ in 0..200 {
+            let found = sqlx::query_scalar::<_, String>(&sql).bind(key);
+            match found.fetch_optional(&self.pool).await {
+                Ok(Some(token)) => return token,
+                Ok(None) => tokio::time::sleep(Duration::from_millis(10)).await,
+                Err(e) => panic!("reading the queue: {e}"),
+            }
+        }
+        panic!("the waiter took no place")
+    }
+
+    /// Sends the notification that names `token` the head of `key`.
+    async fn name_head(&self, key: &str, token: &str) {
+        let sent = sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(format!("moltlock_{}", self.table))
+            .bind(naming(key, token));
+        if let Err(e) = sent.execute(&self.pool).await {
+            panic!("notifying: {e}");
+        }
+    }
+}
+
 /// A fair waiter named by a release takes the key with its next
 /// statement: the release's own read found it at the head, so it does not
 /// look at the queue first. A look would drop the dead place put behind
@@ -357,42 +407,28 @@ async fn a_named_head_takes_the_key_without_looking_first() {
     let mut c = Case::new("notify_named").await;
     let holder = LockManager::new(c.backend().await);
     let held = holder.lock("n").await.unwrap();
-    let queue = format!("\"{}_queue\"", c.table);
-    let ahead = format!(
+    c.on_queue(
         "INSERT INTO {queue} (key, owner, alive_until) \
-         SELECT 'n', 'ahead-' || i, now() + interval '60 seconds' FROM generate_series(1, 40) i"
-    );
-    sqlx::query(&ahead).execute(&c.pool).await.unwrap();
+         SELECT 'n', '~ahead-' || i, now() + interval '60 seconds' FROM generate_series(1, 40) i",
+    )
+    .await;
     let fair = LockOptions::new().fair().timeout(Duration::from_secs(30));
     let task = wait_for(slow_waiter(c.backend().await), "n", fair);
-    let waiting = format!("SELECT count(*) FROM {queue} WHERE owner NOT LIKE 'ahead-%'");
-    let mut placed = 0_i64;
-    for _ in 0..200 {
-        placed = sqlx::query_scalar(&waiting)
-            .fetch_one(&c.pool)
-            .await
-            .unwrap();
-        if placed == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(placed, 1, "the waiter took no place");
+    c.waiter_place("n").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let reshape = format!(
-        "DELETE FROM {queue} WHERE owner LIKE 'ahead-%'; \
+    c.on_queue(
+        "DELETE FROM {queue} WHERE owner LIKE '~ahead-%'; \
          INSERT INTO {queue} (key, owner, alive_until) \
-         VALUES ('n', 'dead', now() - interval '1 second')"
-    );
-    sqlx::raw_sql(&reshape).execute(&c.pool).await.unwrap();
+         VALUES ('n', '~dead', now() - interval '1 second')",
+    )
+    .await;
     held.release().await.unwrap();
     let next = got_within(task, 5).await;
     let told = heard(&mut c.listener, Duration::from_millis(300)).await;
     assert_eq!(told, [naming("n", next.token().as_str())], "not named");
-    let dead = format!("SELECT count(*) FROM {queue} WHERE owner = 'dead'");
-    let kept: i64 = sqlx::query_scalar(&dead).fetch_one(&c.pool).await.unwrap();
     assert_eq!(
-        kept, 1,
+        c.places_of("n", "~dead").await,
+        1,
         "the named waiter looked at the queue before its take"
     );
     next.release().await.unwrap();
@@ -410,38 +446,20 @@ async fn a_stale_naming_takes_nothing_past_a_live_place() {
     let mut c = Case::new("notify_stale").await;
     let holder = LockManager::new(c.backend().await);
     let held = holder.lock("s").await.unwrap();
-    let queue = format!("\"{}_queue\"", c.table);
-    let ahead = format!(
-        "INSERT INTO {queue} (key, owner, alive_until) VALUES ('s', 'ahead', now() + interval '60 seconds')"
-    );
-    sqlx::query(&ahead).execute(&c.pool).await.unwrap();
+    let live = |owner: &str| {
+        format!(
+            "INSERT INTO {{queue}} (key, owner, alive_until) \
+             VALUES ('s', '{owner}', now() + interval '60 seconds')"
+        )
+    };
+    c.on_queue(&live("~ahead")).await;
     let fair = LockOptions::new().fair().timeout(Duration::from_secs(30));
     let task = wait_for(slow_waiter(c.backend().await), "s", fair);
-    let waiter = format!("SELECT owner FROM {queue} WHERE owner <> 'ahead'");
-    let mut token = None;
-    for _ in 0..200 {
-        token = sqlx::query_scalar::<_, String>(&waiter)
-            .fetch_optional(&c.pool)
-            .await
-            .unwrap();
-        if token.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let Some(token) = token else {
-        panic!("the waiter took no place")
-    };
+    let token = c.waiter_place("s").await;
     held.release().await.unwrap();
     let told = heard(&mut c.listener, Duration::from_millis(300)).await;
-    assert_eq!(told, [naming("s", "ahead")], "the release named another");
-    let channel = format!("moltlock_{}", c.table);
-    sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(&channel)
-        .bind(naming("s", &token))
-        .execute(&c.pool)
-        .await
-        .unwrap();
+    assert_eq!(told, [naming("s", "~ahead")], "the release named another");
+    c.name_head("s", &token).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         !task.is_finished(),
@@ -449,24 +467,16 @@ async fn a_stale_naming_takes_nothing_past_a_live_place() {
     );
     // Its place gone (as a dead place is dropped), a later waiter's place
     // live: named again, it takes nothing and queues behind that place.
-    let reshape = format!(
-        "DELETE FROM {queue}; INSERT INTO {queue} (key, owner, alive_until) \
-         VALUES ('s', 'later', now() + interval '60 seconds')"
-    );
-    sqlx::raw_sql(&reshape).execute(&c.pool).await.unwrap();
-    sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(&channel)
-        .bind(naming("s", &token))
-        .execute(&c.pool)
-        .await
-        .unwrap();
+    c.on_queue(&format!("DELETE FROM {{queue}}; {}", live("~later")))
+        .await;
+    c.name_head("s", &token).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         !task.is_finished(),
         "a waiter whose place was gone took the key past a live place"
     );
-    let gone = format!("DELETE FROM {queue} WHERE owner = 'later'");
-    sqlx::query(&gone).execute(&c.pool).await.unwrap();
+    c.on_queue("DELETE FROM {queue} WHERE owner = '~later'")
+        .await;
     got_within(task, 5).await.release().await.unwrap();
     c.done().await;
 }
