@@ -128,10 +128,10 @@ impl Samples {
 /// short unmeasured warm-up of each. With one task, cycle by cycle (each
 /// cycle of one followed by one of the other); with more, `rounds` rounds
 /// of each, each a `rounds`-th of `bounds`, in the order A B B A A B B A
-/// …. A machine that speeds up or slows down during the measurement
-/// (other work on its cores, a store's background flush) weighs on both
-/// alike, where two measurements one after the other would put the whole
-/// drift into their ratio.
+/// …. A machine that speeds up
+/// or slows down during the measurement (other work on its cores, a
+/// store's background flush) weighs on both alike, where two measurements
+/// one after the other would put the whole drift into their ratio.
 ///
 /// # Errors
 /// The first cycle error.

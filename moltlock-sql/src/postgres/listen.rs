@@ -17,6 +17,11 @@ use tokio::task::JoinHandle;
 pub(super) struct Listener {
     channel: String,
     events: Arc<KeyEvents>,
+    /// The fair waiters' subscriptions to the releases that name them,
+    /// fired only by such a release (never by a reconnection), so a wake
+    /// from here means the release's own read found that waiter at the
+    /// head.
+    heads: Arc<KeyEvents>,
     task: OnceCell<JoinHandle<()>>,
 }
 
@@ -34,6 +39,7 @@ impl Listener {
         Self {
             channel,
             events: Arc::new(KeyEvents::new()),
+            heads: Arc::new(KeyEvents::new()),
             task: OnceCell::new(),
         }
     }
@@ -59,12 +65,12 @@ impl Listener {
                     listener,
                     pool.clone(),
                     self.channel.clone(),
-                    self.events.clone(),
+                    (self.events.clone(), self.heads.clone()),
                 );
                 Ok::<_, sqlx::Error>(tokio::spawn(task))
             })
             .await?;
-        let named = named.map(|token| self.events.subscribe(&format!("{key}{HEAD_MARK}{token}")));
+        let named = named.map(|token| self.heads.subscribe(&format!("{key}{HEAD_MARK}{token}")));
         Ok((self.events.subscribe(key), named))
     }
 }
@@ -81,10 +87,10 @@ const TURN: Duration = Duration::from_millis(20);
 /// sets one fair waiter going, not the whole queue; the rest look again
 /// after the head had its turn, which also covers a named head that has
 /// just given up.
-fn dispatch(events: &Arc<KeyEvents>, payload: &str) {
+fn dispatch((events, heads): &(Arc<KeyEvents>, Arc<KeyEvents>), payload: &str) {
     match payload.split_once(HEAD_MARK) {
         Some((key, _)) => {
-            events.fire(payload);
+            heads.fire(payload);
             events.fire_later(key, TURN);
         }
         None => events.fire(payload),
@@ -151,10 +157,7 @@ pub(super) struct Marking {
     pub(super) events: Box<dyn ReleaseWatch>,
     /// A fair waiter's subscription to the releases that name it.
     pub(super) named: Option<Box<dyn ReleaseWatch>>,
-    /// Set when a wait ended by a release that named this fair waiter (or
-    /// by a reconnection, which wakes every subscription: the named take
-    /// checks the waiter is the live head, so a false naming costs one
-    /// statement).
+    /// Set when a wait ended by a release that named this fair waiter.
     pub(super) woke_named: Arc<AtomicBool>,
     pub(super) pool: PgPool,
     /// The marking statement.
@@ -242,10 +245,16 @@ async fn subscribe(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Err
 /// a new one itself and wakes every waiter twice: at once, and again once
 /// the new connection listens — a release sent while nobody listened was
 /// missed, and the woken waiters look for themselves.
-async fn listen(mut listener: PgListener, pool: PgPool, channel: String, events: Arc<KeyEvents>) {
+async fn listen(
+    mut listener: PgListener,
+    pool: PgPool,
+    channel: String,
+    subscribers: (Arc<KeyEvents>, Arc<KeyEvents>),
+) {
+    let events = &subscribers.0;
     loop {
         match listener.try_recv().await {
-            Ok(Some(n)) => dispatch(&events, n.payload()),
+            Ok(Some(n)) => dispatch(&subscribers, n.payload()),
             Ok(None) | Err(_) => {
                 tracing::debug!("listen connection lost; reconnecting");
                 events.fire_all();
