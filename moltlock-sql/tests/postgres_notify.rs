@@ -367,8 +367,11 @@ impl Case {
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// The owner of the first place of `key` that a waiter took, once one
-    /// did (the places a test puts by hand have owners starting with `~`).
+    /// The owner of the first place of `key` that a waiter took, once the
+    /// waiter waits: its place taken (the places a test puts by hand have
+    /// owners starting with `~`) and the key marked, which its attempt and
+    /// its mark do in two statements (a release between them notifies
+    /// nobody, and the waiter looks again on its own).
     async fn waiter_place(&self, key: &str) -> String {
         let sql = format!(
             "SELECT owner FROM \"{}_queue\" WHERE key = $1 AND owner NOT LIKE '~%'",
@@ -377,12 +380,14 @@ impl Case {
         for _ in 0..200 {
             let found = sqlx::query_scalar::<_, String>(&sql).bind(key);
             match found.fetch_optional(&self.pool).await {
-                Ok(Some(token)) => return token,
-                Ok(None) => tokio::time::sleep(Duration::from_millis(10)).await,
+                Ok(Some(token)) if mark_left(&self.pool, &self.table, key).await > 0 => {
+                    return token
+                }
+                Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
                 Err(e) => panic!("reading the queue: {e}"),
             }
         }
-        panic!("the waiter took no place")
+        panic!("the waiter took no place, or did not mark the key")
     }
 
     /// Sends the notification that names `token` the head of `key`.
