@@ -14,12 +14,21 @@
 //! and `RELEASE` scripts) names it: `turn:<instance id>`, and one whose
 //! key has a fair queue names its head: `fair:<token>`. The instance, or
 //! the fair waiter, named is woken at once; everyone else one [`TURN`]
-//! later (at most one such wake per key and turn), when the turn has been
-//! taken or has lapsed, so a release sets one waiter going, not all.
+//! after the last announcement that named another, so a release sets one
+//! waiter going, not all. While hand-offs follow each other within a turn
+//! (each announcement says the last turn was taken), the others stay
+//! asleep: they wake when announcements stop for a turn, because the
+//! named waiter took the key and holds it, or its turn lapsed (it gave up
+//! or died), and then look once. Every waiting instance stays in the
+//! key's turns set until drawn, so the releases that follow draw it in
+//! its turn, and its manager still looks again by the hold's expiry at
+//! the latest.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures_util::StreamExt;
 use moltlock_core::{async_trait, Error, Held, ReleaseWatch};
@@ -46,8 +55,8 @@ const FAIR_TAG: &str = "fair:";
 /// State shared by the subscriber task and the waiters.
 struct Shared {
     keys: Mutex<HashMap<String, watch::Sender<u64>>>,
-    /// The channels whose waiters are to be woken a turn from now.
-    later: Mutex<HashSet<String>>,
+    /// The channels whose waiters are to be woken later, and when.
+    later: Mutex<HashMap<String, Instant>>,
     /// The fair waiters, by token.
     tokens: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// This instance's id, as a turn names it.
@@ -58,6 +67,16 @@ struct Shared {
 }
 
 impl Shared {
+    fn new(me: String) -> Self {
+        Self {
+            keys: Mutex::new(HashMap::new()),
+            later: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(HashMap::new()),
+            me,
+            up: watch::channel(None).0,
+        }
+    }
+
     fn keys(&self) -> MutexGuard<'_, HashMap<String, watch::Sender<u64>>> {
         self.keys.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -73,7 +92,8 @@ impl Shared {
     }
 
     /// Wakes `channel`'s waiters: at once, unless `payload` hands the turn
-    /// to another instance; then a turn later.
+    /// to another instance (or names a fair waiter); then a turn after
+    /// the last such announcement.
     fn announce(self: &Arc<Self>, channel: &str, payload: &str) {
         if let Some(head) = payload.strip_prefix(FAIR_TAG) {
             if let Some(tx) = self.tokens().get(head) {
@@ -87,25 +107,34 @@ impl Shared {
         }
     }
 
+    /// Wakes `channel`'s waiters a turn from now, or a turn after a later
+    /// call, whichever is last.
     fn bump_later(self: &Arc<Self>, channel: &str) {
-        let fresh = self
-            .later
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(channel.to_owned());
+        let at = Instant::now() + TURN;
+        let fresh = self.later().insert(channel.to_owned(), at).is_none();
         if !fresh {
             return;
         }
         let (shared, channel) = (self.clone(), channel.to_owned());
         tokio::spawn(async move {
-            tokio::time::sleep(TURN).await;
-            shared
-                .later
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&channel);
+            let mut at = at;
+            loop {
+                tokio::time::sleep_until(at).await;
+                let mut later = shared.later();
+                match later.get(&channel) {
+                    Some(&then) if then > at => at = then,
+                    _ => {
+                        later.remove(&channel);
+                        break;
+                    }
+                }
+            }
             shared.bump(&channel);
         });
+    }
+
+    fn later(&self) -> MutexGuard<'_, HashMap<String, Instant>> {
+        self.later.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn bump_all(&self) {
@@ -135,14 +164,7 @@ impl Notifier {
         connect_timeout: Duration,
         me: String,
     ) -> Self {
-        let (up, _) = watch::channel(None);
-        let shared = Arc::new(Shared {
-            keys: Mutex::new(HashMap::new()),
-            later: Mutex::new(HashSet::new()),
-            tokens: Mutex::new(HashMap::new()),
-            me,
-            up,
-        });
+        let shared = Arc::new(Shared::new(me));
         let (stop_tx, stop_rx) = oneshot::channel();
         let task = Subscriber {
             shared: shared.clone(),
@@ -307,5 +329,59 @@ impl Drop for KeyWatch {
         if last {
             keys.remove(&self.channel);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shared state for the instance `me` with a waiter on channel `c`.
+    fn waiting(me: &str) -> (Arc<Shared>, watch::Receiver<u64>) {
+        let shared = Arc::new(Shared::new(me.to_owned()));
+        let rx = shared
+            .keys()
+            .entry("c".to_owned())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        (shared, rx)
+    }
+
+    /// While turns handed to other instances follow each other within a
+    /// turn, this instance's waiters sleep; a turn after the last one they
+    /// wake, once.
+    #[tokio::test(start_paused = true)]
+    async fn others_turns_in_a_row_wake_nobody_until_they_stop() {
+        let (shared, rx) = waiting("me");
+        for _ in 0..10 {
+            shared.announce("c", "turn:other");
+            tokio::time::sleep(TURN / 2).await;
+            assert_eq!(*rx.borrow(), 0, "woken while the turns kept being taken");
+        }
+        tokio::time::sleep(TURN / 2 - Duration::from_millis(1)).await;
+        assert_eq!(*rx.borrow(), 0, "woken before a turn had passed");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(*rx.borrow(), 1, "not woken a turn after the last");
+        tokio::time::sleep(TURN * 3).await;
+        assert_eq!(*rx.borrow(), 1, "woken more than once");
+    }
+
+    /// A turn for this instance, a plain release, and a fair head's naming
+    /// of this waiter wake at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_naming_of_this_instance_wakes_at_once() {
+        let (shared, rx) = waiting("me");
+        shared.announce("c", "turn:me");
+        assert_eq!(*rx.borrow(), 1, "its own turn did not wake it");
+        shared.announce("c", "released");
+        assert_eq!(*rx.borrow(), 2, "a plain release did not wake it");
+        let own = shared
+            .tokens()
+            .entry("t".to_owned())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        shared.announce("c", "fair:t");
+        assert_eq!(*own.borrow(), 1, "the named fair waiter was not woken");
+        assert_eq!(*rx.borrow(), 2, "the key's other waiters woke at once");
     }
 }
