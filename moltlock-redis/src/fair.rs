@@ -10,8 +10,7 @@
 //! release announcement (the script marks the key waited for) or a third
 //! of its TTL, whichever comes first, and looks again, which renews its
 //! place. A release names the head, which is woken at once; the other
-//! waiters look a turn after the last such naming (see the `pubsub`
-//! module). A place whose
+//! waiters look a turn later (see the `pubsub` module). A place whose
 //! waiter stopped looking (a crash, a pause longer than the TTL) is dropped by the next look of any waiter; a dropped wait
 //! takes its place out at once and, when it was the head, wakes the next.
 //! Fair and plain holders stay mutually exclusive because both take the

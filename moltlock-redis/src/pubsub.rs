@@ -13,16 +13,20 @@
 //! A release that hands the next turn to one instance (see the `ACQUIRE`
 //! and `RELEASE` scripts) names it: `turn:<instance id>`, and one whose
 //! key has a fair queue names its head: `fair:<token>`. The instance, or
-//! the fair waiter, named is woken at once; everyone else one [`TURN`]
-//! after the last announcement that named another, so a release sets one
-//! waiter going, not all. While hand-offs follow each other within a turn
-//! (each announcement says the last turn was taken), the others stay
-//! asleep: they wake when announcements stop for a turn, because the
-//! named waiter took the key and holds it, or its turn lapsed (it gave up
-//! or died), and then look once. Every waiting instance stays in the
-//! key's turns set until drawn, so the releases that follow draw it in
-//! its turn, and its manager still looks again by the hold's expiry at
-//! the latest.
+//! the fair waiter, named is woken at once, so a release sets one waiter
+//! going, not all. Everyone else is woken one [`TURN`] later, at most once
+//! per key and turn, after a fair naming; after a turn handed to another
+//! instance, a turn after the last such announcement, and at least every
+//! [`LONGEST_LATER`]. While hand-offs follow each other within a turn
+//! (each announcement says the last turn was taken), the instances passed
+//! over stay asleep: each stays in the key's turns set until a release
+//! draws it. They look when the announcements stop for a turn (the named
+//! waiter took the key and holds it, or its turn lapsed: it gave up or
+//! died), and at the longest interval, which serves their waiters that
+//! take no turns. A fair naming wakes the others a turn later however
+//! many follow: the plain waiters beside a fair queue are never drawn
+//! (a queue with places draws no turns), and look in the gaps between
+//! its hand-offs.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -46,6 +50,20 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// waiter that has just given up costs little.
 pub(crate) const TURN: Duration = Duration::from_millis(20);
 
+/// The longest a run of turns handed to other instances keeps this
+/// instance's waiters of the key asleep: they look at least this often.
+/// A waiter that has not joined the key's turns (a multi-key take, a
+/// backend with turns off) is never drawn, and looks only when woken.
+const LONGEST_LATER: Duration = Duration::from_millis(100);
+
+/// When a channel's waiters are to be woken: `at`, which announcements of
+/// other instances' turns push back, up to `cap`.
+#[derive(Clone, Copy)]
+struct Due {
+    at: Instant,
+    cap: Instant,
+}
+
 /// The announcement of a turn handed to an instance: this, then its id.
 const TURN_TAG: &str = "turn:";
 /// The announcement of a release to a fair queue's head: this, then the
@@ -56,7 +74,7 @@ const FAIR_TAG: &str = "fair:";
 struct Shared {
     keys: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// The channels whose waiters are to be woken later, and when.
-    later: Mutex<HashMap<String, Instant>>,
+    later: Mutex<HashMap<String, Due>>,
     /// The fair waiters, by token.
     tokens: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// This instance's id, as a turn names it.
@@ -92,37 +110,49 @@ impl Shared {
     }
 
     /// Wakes `channel`'s waiters: at once, unless `payload` hands the turn
-    /// to another instance (or names a fair waiter); then a turn after
-    /// the last such announcement.
+    /// to another instance (then a turn after the last such announcement,
+    /// see [`LONGEST_LATER`]) or names a fair waiter (then a turn later).
     fn announce(self: &Arc<Self>, channel: &str, payload: &str) {
         if let Some(head) = payload.strip_prefix(FAIR_TAG) {
             if let Some(tx) = self.tokens().get(head) {
                 tx.send_modify(|g| *g = g.wrapping_add(1));
             }
-            return self.bump_later(channel);
+            return self.bump_later(channel, false);
         }
         match payload.strip_prefix(TURN_TAG) {
-            Some(who) if who != self.me => self.bump_later(channel),
+            Some(who) if who != self.me => self.bump_later(channel, true),
             _ => self.bump(channel),
         }
     }
 
-    /// Wakes `channel`'s waiters a turn from now, or a turn after a later
-    /// call, whichever is last.
-    fn bump_later(self: &Arc<Self>, channel: &str) {
-        let at = Instant::now() + TURN;
-        let fresh = self.later().insert(channel.to_owned(), at).is_none();
-        if !fresh {
-            return;
-        }
+    /// Wakes `channel`'s waiters a turn from now; when `push`, a turn after
+    /// a later such call instead, but no later than [`LONGEST_LATER`] after
+    /// the first.
+    fn bump_later(self: &Arc<Self>, channel: &str, push: bool) {
+        let now = Instant::now();
+        let first = {
+            let mut later = self.later();
+            if let Some(due) = later.get_mut(channel) {
+                if push {
+                    due.at = (now + TURN).min(due.cap);
+                }
+                return;
+            }
+            let due = Due {
+                at: now + TURN,
+                cap: now + LONGEST_LATER,
+            };
+            later.insert(channel.to_owned(), due);
+            due.at
+        };
         let (shared, channel) = (self.clone(), channel.to_owned());
         tokio::spawn(async move {
-            let mut at = at;
+            let mut at = first;
             loop {
                 tokio::time::sleep_until(at).await;
                 let mut later = shared.later();
                 match later.get(&channel) {
-                    Some(&then) if then > at => at = then,
+                    Some(due) if due.at > at => at = due.at,
                     _ => {
                         later.remove(&channel);
                         break;
@@ -133,7 +163,7 @@ impl Shared {
         });
     }
 
-    fn later(&self) -> MutexGuard<'_, HashMap<String, Instant>> {
+    fn later(&self) -> MutexGuard<'_, HashMap<String, Due>> {
         self.later.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -347,23 +377,81 @@ mod tests {
         (shared, rx)
     }
 
+    /// Announces `payload` on channel `c` every half turn for `turns`
+    /// turns, from now.
+    async fn announce_every_half_turn(shared: &Arc<Shared>, payload: &str, turns: u32) {
+        for _ in 0..turns * 2 {
+            shared.announce("c", payload);
+            tokio::time::sleep(TURN / 2).await;
+        }
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
     /// While turns handed to other instances follow each other within a
     /// turn, this instance's waiters sleep; a turn after the last one they
     /// wake, once.
     #[tokio::test(start_paused = true)]
     async fn others_turns_in_a_row_wake_nobody_until_they_stop() {
         let (shared, rx) = waiting("me");
-        for _ in 0..10 {
-            shared.announce("c", "turn:other");
-            tokio::time::sleep(TURN / 2).await;
-            assert_eq!(*rx.borrow(), 0, "woken while the turns kept being taken");
-        }
-        tokio::time::sleep(TURN / 2 - Duration::from_millis(1)).await;
+        let start = Instant::now();
+        announce_every_half_turn(&shared, "turn:other", 3).await;
+        assert_eq!(*rx.borrow(), 0, "woken while the turns kept being taken");
+        let last = start + TURN * 5 / 2;
+        tokio::time::sleep_until(last + TURN - MS).await;
         assert_eq!(*rx.borrow(), 0, "woken before a turn had passed");
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep_until(last + TURN + MS).await;
         assert_eq!(*rx.borrow(), 1, "not woken a turn after the last");
         tokio::time::sleep(TURN * 3).await;
         assert_eq!(*rx.borrow(), 1, "woken more than once");
+    }
+
+    /// However long the turns go on, this instance's waiters look every
+    /// [`LONGEST_LATER`] (one that takes no turns is never drawn).
+    #[tokio::test(start_paused = true)]
+    async fn a_long_run_of_others_turns_wakes_at_the_longest_interval() {
+        let (shared, rx) = waiting("me");
+        let start = Instant::now();
+        let turns = 2 * (LONGEST_LATER.as_millis() / TURN.as_millis()) as u32;
+        let seen = tokio::spawn({
+            let rx = rx.clone();
+            async move {
+                tokio::time::sleep_until(start + LONGEST_LATER - MS).await;
+                let before = *rx.borrow();
+                tokio::time::sleep_until(start + LONGEST_LATER + MS).await;
+                (before, *rx.borrow())
+            }
+        });
+        announce_every_half_turn(&shared, "turn:other", turns).await;
+        assert_eq!(
+            seen.await.ok(),
+            Some((0, 1)),
+            "not woken at the longest interval"
+        );
+        tokio::time::sleep_until(start + LONGEST_LATER * 2 + TURN + MS).await;
+        assert_eq!(*rx.borrow(), 2, "not woken once more in the next interval");
+    }
+
+    /// A fair queue's namings of other waiters wake this instance's
+    /// waiters of the key a turn after the first, while they go on: a
+    /// plain waiter beside a fair queue is never drawn.
+    #[tokio::test(start_paused = true)]
+    async fn namings_of_fair_heads_wake_the_others_a_turn_after_the_first() {
+        let (shared, rx) = waiting("me");
+        let start = Instant::now();
+        let seen = tokio::spawn({
+            let rx = rx.clone();
+            async move {
+                tokio::time::sleep_until(start + TURN + MS).await;
+                *rx.borrow()
+            }
+        });
+        announce_every_half_turn(&shared, "fair:other", 3).await;
+        assert_eq!(
+            seen.await.ok(),
+            Some(1),
+            "not woken a turn after the first naming"
+        );
     }
 
     /// A turn for this instance, a plain release, and a fair head's naming

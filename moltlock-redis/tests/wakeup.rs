@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use moltlock_core::{LockManager, RetryPolicy, Turns};
+use moltlock_core::{LockManager, LockOptions, RetryPolicy, Turns};
 use moltlock_fixtures::redis as fx;
 use moltlock_redis::{redis, RedisBackend, RedisConfig};
 use tokio::time::Instant;
@@ -271,5 +271,61 @@ async fn an_instance_without_turns_is_never_handed_one() -> Result<(), Box<dyn s
         third.try_lock("noturns/k").await?.is_some(),
         "a release kept the key for an instance with turns off"
     );
+    Ok(())
+}
+
+/// A plain waiter beside a busy fair queue is never drawn (a queue with
+/// places draws no turns), and the key is free only between a release
+/// and the next head's take. The queue's namings of its heads wake the
+/// plain waiter a turn after the first, however many follow, so it looks
+/// in those gaps and gets the key; its retry policy alone would not look
+/// again for 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_waiter_beside_a_busy_fair_queue_gets_the_key(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let server = fx::redis()?;
+    let prefix = fx::unique_prefix();
+    let fair = instance(&server, &prefix).await?;
+    let cfg = RedisConfig::from_url(&server.url())?
+        .key_prefix(&prefix)
+        .fence_retention(Duration::from_secs(60));
+    let plain = LockManager::builder(RedisBackend::connect(cfg).await?)
+        .ttl(Duration::from_secs(10))
+        .retry(RetryPolicy::Fixed(Duration::from_secs(10)))
+        .build()?;
+    let stop = Instant::now() + Duration::from_secs(5);
+    let mut stream = Vec::new();
+    for _ in 0..2 {
+        let m = fair.clone();
+        stream.push(tokio::spawn(async move {
+            let mut held = 0_usize;
+            while Instant::now() < stop {
+                let opts = LockOptions::new().fair().timeout(Duration::from_secs(10));
+                let Some(g) = m.acquire("fairstream/k", opts).await? else {
+                    break;
+                };
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                g.release().await?;
+                held += 1;
+            }
+            Ok::<_, moltlock_core::Error>(held)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let got = plain
+        .lock_timeout("fairstream/k", Duration::from_secs(3))
+        .await;
+    let busy_until = Instant::now();
+    assert!(
+        busy_until < stop,
+        "the fair queue stopped before the plain waiter was done"
+    );
+    let Ok(g) = got else {
+        return Err("a plain waiter beside a busy fair queue never got the key".into());
+    };
+    g.release().await?;
+    for s in stream {
+        assert!(s.await?? > 10, "the fair queue was not busy");
+    }
     Ok(())
 }
