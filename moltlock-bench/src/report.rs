@@ -254,9 +254,10 @@ impl Report {
              waits: pauses on a release watch per acquisition (served by a shared \
              subscription; on Postgres each first marks the row, one request more). \
              Fences back: hand-offs whose fence did not rise (must be 0). Held: the \
-             holds' p50 as kept (a thread's sleep).\n\n\
-             | lock | mode | acq/s | releaser won | hand-off p50 µs | hand-off p99 µs | p50 ÷ RTT | longest wait ms | min task share | requests/acq | waits/acq | fences back | timeouts | overlaps | held p50 µs |\n\
-             |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+             holds' p50 as kept (a thread's sleep); release: a release's p50, from its \
+             start to its return.\n\n\
+             | lock | mode | acq/s | releaser won | hand-off p50 µs | hand-off p99 µs | p50 ÷ RTT | longest wait ms | min task share | requests/acq | waits/acq | fences back | timeouts | overlaps | held p50 µs | release p50 µs |\n\
+             |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             self.settings.contenders
         );
         for b in &self.backends {
@@ -369,7 +370,7 @@ pub(crate) fn dash(v: Option<String>) -> String {
 fn contended_row(s: &mut String, name: &str, mode: &str, c: &ContendedResult, rtt_us: f64) {
     let _ = writeln!(
         s,
-        "| {name} | {mode} | {:.0} | {:.0} % | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} % | {} | {} | {} | {} | {} | {:.0} |",
+        "| {name} | {mode} | {:.0} | {:.0} % | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} % | {} | {} | {} | {} | {} | {:.0} | {:.0} |",
         c.per_sec,
         c.releaser_won * 100.0,
         c.handoff.p50_us,
@@ -382,7 +383,8 @@ fn contended_row(s: &mut String, name: &str, mode: &str, c: &ContendedResult, rt
         c.fence_backwards,
         c.timeouts,
         c.overlaps,
-        c.held.p50_us
+        c.held.p50_us,
+        c.release.p50_us
     );
 }
 

@@ -285,6 +285,8 @@ pub struct ContendedResult {
     /// How long each holder held: from its lock returning to its release
     /// starting (the hold asked for, as the machine kept it).
     pub held: Summary,
+    /// How long each release took, from its start to its return.
+    pub release: Summary,
     /// The longest any task waited for the lock, in microseconds.
     pub max_wait_us: f64,
     /// Times two tasks held the lock at once (must be 0).
@@ -440,6 +442,10 @@ fn analyse(mut recs: Vec<Rec>, shared: &Shared, tasks: usize, elapsed: f64) -> C
         .iter()
         .map(|r| r.release_start.saturating_duration_since(r.acquired))
         .collect();
+    let mut release: Vec<Duration> = recs
+        .iter()
+        .map(|r| r.released.saturating_duration_since(r.release_start))
+        .collect();
     let n = recs.len() as u64;
     let mut per_task = vec![0u64; tasks.max(1)];
     for r in &recs {
@@ -463,6 +469,7 @@ fn analyse(mut recs: Vec<Rec>, shared: &Shared, tasks: usize, elapsed: f64) -> C
         ),
         handoff: Summary::of(&mut handoff),
         held: Summary::of(&mut held),
+        release: Summary::of(&mut release),
         max_wait_us: shared.max_wait_us.load(Ordering::Relaxed) as f64,
         overlaps: overlaps.max(shared.live_overlaps.load(Ordering::Relaxed)),
         timeouts: shared.timeouts.load(Ordering::Relaxed),
@@ -550,12 +557,18 @@ mod tests {
     }
 
     /// The holds are measured from a holder's lock returning to its
-    /// release starting.
+    /// release starting, and the releases from their start to their
+    /// return.
     #[tokio::test(start_paused = true)]
     async fn holds_are_measured_from_acquisition_to_release() {
         let r = analyse(records(&[0, 1, 0, 1]), &shared(), 2, 1.0);
         assert_eq!(r.held.count, 4);
         assert!((r.held.p50_us - 500.0).abs() < 1e-6, "{}", r.held.p50_us);
+        assert!(
+            (r.release.p50_us - 500.0).abs() < 1e-6,
+            "{}",
+            r.release.p50_us
+        );
     }
 
     /// A contended run keeps each lock at least as long as asked, and
