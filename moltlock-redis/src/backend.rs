@@ -276,6 +276,14 @@ impl RedisBackend {
             .is_some_and(|n| n.waits_for(channel))
     }
 
+    /// Notes whether this instance is in the turns of `channel` (its
+    /// waiting attempt joined them, or it took the key and left them).
+    fn joined(&self, channel: &str, joined: bool) {
+        if let Some(n) = self.inner.notifier.get() {
+            n.joined(channel, joined);
+        }
+    }
+
     pub(crate) async fn notifier(&self) -> &Notifier {
         self.inner
             .notifier
@@ -364,8 +372,13 @@ impl Backend for RedisBackend {
                 };
                 let me = &self.inner.me;
                 let args = [new.as_str(), &ttl, &keep, &self.quarantine(), me, waiting];
-                self.script(&ACQUIRE, &keys.map(String::as_str), &args)
-                    .await?
+                let reply: CasReply = self
+                    .script(&ACQUIRE, &keys.map(String::as_str), &args)
+                    .await?;
+                if waiting == "1" {
+                    self.joined(&lock, reply.0 == 0);
+                }
+                reply
             }
             Some(old) => {
                 let keys = [&lock, &fence, &info, &wait].map(String::as_str);

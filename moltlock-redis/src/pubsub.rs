@@ -15,20 +15,21 @@
 //! key has a fair queue names its head: `fair:<token>`. The instance, or
 //! the fair waiter, named is woken at once, so a release sets one waiter
 //! going, not all. Everyone else is woken one [`TURN`] later, at most once
-//! per key and turn, after a fair naming; after a turn handed to another
-//! instance, a turn after the last such announcement, and at least every
-//! [`LONGEST_LATER`]. While hand-offs follow each other within a turn
-//! (each announcement says the last turn was taken), the instances passed
-//! over stay asleep: each stays in the key's turns set until a release
-//! draws it. They look when the announcements stop for a turn (the named
-//! waiter took the key and holds it, or its turn lapsed: it gave up or
-//! died), and at the longest interval, which serves their waiters that
-//! take no turns. A fair naming wakes the others a turn later however
-//! many follow: the plain waiters beside a fair queue are never drawn
-//! (a queue with places draws no turns), and look in the gaps between
-//! its hand-offs.
+//! per key and turn; but an instance in the key's turns, passed over by
+//! a turn handed to another, a turn after the last such announcement (and
+//! at least every [`LONGEST_LATER`]). While hand-offs follow each other
+//! within a turn (each announcement says the last turn was taken), such
+//! an instance stays asleep: it stays in the turns set until a release
+//! draws it, and its waiters are woken then. It looks when the
+//! announcements stop for a turn (the named waiter took the key and holds
+//! it, or its turn lapsed: it gave up or died). An instance not in the
+//! turns is never drawn (its waiters of the key are multi-key takes, or
+//! its turns are off), and neither are the plain waiters beside a fair
+//! queue (a queue with places draws no turns): they look a turn after the
+//! first announcement however many follow, in the gaps between
+//! hand-offs.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -50,10 +51,10 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// waiter that has just given up costs little.
 pub(crate) const TURN: Duration = Duration::from_millis(20);
 
-/// The longest a run of turns handed to other instances keeps this
-/// instance's waiters of the key asleep: they look at least this often.
-/// A waiter that has not joined the key's turns (a multi-key take, a
-/// backend with turns off) is never drawn, and looks only when woken.
+/// The longest a run of turns handed to other instances keeps the
+/// waiters of an instance in the key's turns asleep: they look at least
+/// this often (its turn may come late, or its waiter that joined them may
+/// have given up while a multi-key take of the same instance waits).
 const LONGEST_LATER: Duration = Duration::from_millis(100);
 
 /// When a channel's waiters are to be woken: `at`, which announcements of
@@ -77,6 +78,9 @@ struct Shared {
     later: Mutex<HashMap<String, Due>>,
     /// The fair waiters, by token.
     tokens: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// The channels whose turns this instance has joined (see
+    /// [`Notifier::joined`]).
+    joined: Mutex<HashSet<String>>,
     /// This instance's id, as a turn names it.
     me: String,
     /// `None` until the first connection attempt ends; then whether the
@@ -90,6 +94,7 @@ impl Shared {
             keys: Mutex::new(HashMap::new()),
             later: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
+            joined: Mutex::new(HashSet::new()),
             me,
             up: watch::channel(None).0,
         }
@@ -103,6 +108,10 @@ impl Shared {
         self.tokens.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn joined(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.joined.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn bump(&self, channel: &str) {
         if let Some(tx) = self.keys().get(channel) {
             tx.send_modify(|g| *g = g.wrapping_add(1));
@@ -110,8 +119,9 @@ impl Shared {
     }
 
     /// Wakes `channel`'s waiters: at once, unless `payload` hands the turn
-    /// to another instance (then a turn after the last such announcement,
-    /// see [`LONGEST_LATER`]) or names a fair waiter (then a turn later).
+    /// to another instance (then a turn later; while this instance is in
+    /// the key's turns, a turn after the last such announcement, see
+    /// [`LONGEST_LATER`]) or names a fair waiter (then a turn later).
     fn announce(self: &Arc<Self>, channel: &str, payload: &str) {
         if let Some(head) = payload.strip_prefix(FAIR_TAG) {
             if let Some(tx) = self.tokens().get(head) {
@@ -120,7 +130,10 @@ impl Shared {
             return self.bump_later(channel, false);
         }
         match payload.strip_prefix(TURN_TAG) {
-            Some(who) if who != self.me => self.bump_later(channel, true),
+            Some(who) if who != self.me => {
+                let joined = self.joined().contains(channel);
+                self.bump_later(channel, joined)
+            }
             _ => self.bump(channel),
         }
     }
@@ -214,6 +227,20 @@ impl Notifier {
     /// one).
     pub(crate) fn waits_for(&self, channel: &str) -> bool {
         *self.shared.up.borrow() == Some(true) && self.shared.keys().contains_key(channel)
+    }
+
+    /// Notes whether this instance is in `channel`'s turns: its waiting
+    /// attempt found the key held and joined them (`true`), or it took the
+    /// key and left them (`false`). While it is in them, a release draws
+    /// it in its turn, so the turns handed to others push its waiters'
+    /// wake back; otherwise (only multi-key takes wait, or turns are off)
+    /// they look a turn after the first.
+    pub(crate) fn joined(&self, channel: &str, joined: bool) {
+        let mut set = self.shared.joined();
+        match joined {
+            true => set.insert(channel.to_owned()),
+            false => set.remove(channel),
+        };
     }
 
     /// Registers a waiter for `channel`. Errors (the manager then polls) when
@@ -358,6 +385,8 @@ impl Drop for KeyWatch {
             .is_some_and(|tx| tx.receiver_count() <= 1);
         if last {
             keys.remove(&self.channel);
+            drop(keys);
+            self.shared.joined().remove(&self.channel);
         }
     }
 }
@@ -365,6 +394,13 @@ impl Drop for KeyWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// As [`waiting`], the instance in channel `c`'s turns.
+    fn in_turns(me: &str) -> (Arc<Shared>, watch::Receiver<u64>) {
+        let (shared, rx) = waiting(me);
+        shared.joined().insert("c".to_owned());
+        (shared, rx)
+    }
 
     /// A shared state for the instance `me` with a waiter on channel `c`.
     fn waiting(me: &str) -> (Arc<Shared>, watch::Receiver<u64>) {
@@ -393,7 +429,7 @@ mod tests {
     /// wake, once.
     #[tokio::test(start_paused = true)]
     async fn others_turns_in_a_row_wake_nobody_until_they_stop() {
-        let (shared, rx) = waiting("me");
+        let (shared, rx) = in_turns("me");
         let start = Instant::now();
         announce_every_half_turn(&shared, "turn:other", 3).await;
         assert_eq!(*rx.borrow(), 0, "woken while the turns kept being taken");
@@ -410,7 +446,7 @@ mod tests {
     /// [`LONGEST_LATER`] (one that takes no turns is never drawn).
     #[tokio::test(start_paused = true)]
     async fn a_long_run_of_others_turns_wakes_at_the_longest_interval() {
-        let (shared, rx) = waiting("me");
+        let (shared, rx) = in_turns("me");
         let start = Instant::now();
         let turns = 2 * (LONGEST_LATER.as_millis() / TURN.as_millis()) as u32;
         let seen = tokio::spawn({
@@ -434,10 +470,30 @@ mod tests {
 
     /// A fair queue's namings of other waiters wake this instance's
     /// waiters of the key a turn after the first, while they go on: a
-    /// plain waiter beside a fair queue is never drawn.
+    /// plain waiter beside a fair queue is never drawn. So do the turns
+    /// of others for an instance not in the key's turns (its waiters are
+    /// multi-key takes, or its turns are off), and for one that took the
+    /// key and left them.
     #[tokio::test(start_paused = true)]
-    async fn namings_of_fair_heads_wake_the_others_a_turn_after_the_first() {
+    async fn namings_wake_the_waiters_never_drawn_a_turn_after_the_first() {
+        let (shared, rx) = in_turns("me");
+        namings_wake_a_turn_after_the_first(&shared, &rx, "fair:other").await;
         let (shared, rx) = waiting("me");
+        namings_wake_a_turn_after_the_first(&shared, &rx, "turn:other").await;
+        let (shared, rx) = in_turns("me");
+        let notifier = Notifier {
+            shared: shared.clone(),
+            _stop: oneshot::channel().0,
+        };
+        notifier.joined("c", false);
+        namings_wake_a_turn_after_the_first(&shared, &rx, "turn:other").await;
+    }
+
+    async fn namings_wake_a_turn_after_the_first(
+        shared: &Arc<Shared>,
+        rx: &watch::Receiver<u64>,
+        payload: &str,
+    ) {
         let start = Instant::now();
         let seen = tokio::spawn({
             let rx = rx.clone();
@@ -446,12 +502,9 @@ mod tests {
                 *rx.borrow()
             }
         });
-        announce_every_half_turn(&shared, "fair:other", 3).await;
-        assert_eq!(
-            seen.await.ok(),
-            Some(1),
-            "not woken a turn after the first naming"
-        );
+        announce_every_half_turn(shared, payload, 3).await;
+        let told = seen.await.ok();
+        assert_eq!(told, Some(1), "{payload}: not woken a turn after the first");
     }
 
     /// A turn for this instance, a plain release, and a fair head's naming

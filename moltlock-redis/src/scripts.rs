@@ -249,8 +249,9 @@ return {1, take(KEYS[1], KEYS[2], KEYS[3], ARGV[2]), 0, clock}
 /// waiting instance drawn at random from the turns set, for `turn ms` (see
 /// [`ACQUIRE`]), and announces `turn:<instance id>` (that instance's
 /// waiters are woken at once); else `released` (everyone is). Whoever is not named is woken a
-/// turn later; after turns, a turn after the last, at least every 100 ms
-/// (see the `pubsub` module). The instances not drawn stay in
+/// turn later; an instance in the turns that a turn passed over, a turn
+/// after the last turn announced, at least every 100 ms (see the `pubsub`
+/// module). The instances not drawn stay in
 /// the set and the queue keeps its places, and the key stays marked for
 /// them, so the next release announces again. Reply: 1 if deleted, else 0.
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {

@@ -329,3 +329,54 @@ async fn a_plain_waiter_beside_a_busy_fair_queue_gets_the_key(
     }
     Ok(())
 }
+
+/// A multi-key take joins no key's turns, so it is never drawn, and the
+/// key is free for it only between a release and the drawn instance's
+/// take. The turns handed to the single-key instances wake it a turn
+/// after the first, however many follow, so it looks in those gaps and
+/// gets its keys; its retry policy alone would not look again for 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_key_waiter_beside_a_stream_of_turns_gets_its_keys(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let server = fx::redis()?;
+    let prefix = fx::unique_prefix();
+    let stop = Instant::now() + Duration::from_secs(5);
+    let mut stream = Vec::new();
+    for _ in 0..3 {
+        let m = instance(&server, &prefix).await?;
+        stream.push(tokio::spawn(async move {
+            let mut held = 0_usize;
+            while Instant::now() < stop {
+                let g = m.lock("turnstream/k").await?;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                g.release().await?;
+                held += 1;
+            }
+            Ok::<_, moltlock_core::Error>(held)
+        }));
+    }
+    let cfg = RedisConfig::from_url(&server.url())?
+        .key_prefix(&prefix)
+        .fence_retention(Duration::from_secs(60));
+    let multi = LockManager::builder(RedisBackend::connect(cfg).await?)
+        .ttl(Duration::from_secs(10))
+        .retry(RetryPolicy::Fixed(Duration::from_secs(10)))
+        .build()?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let opts = LockOptions::new().timeout(Duration::from_secs(3));
+    let got = multi
+        .lock_all(["turnstream/k", "turnstream/k2"], opts)
+        .await;
+    assert!(
+        Instant::now() < stop,
+        "the turns stopped before the take was done"
+    );
+    let Ok(g) = got else {
+        return Err("a multi-key waiter beside a stream of turns never got its keys".into());
+    };
+    g.release().await?;
+    for s in stream {
+        assert!(s.await?? > 10, "the turns were not busy");
+    }
+    Ok(())
+}
