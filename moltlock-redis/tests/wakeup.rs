@@ -274,6 +274,58 @@ async fn an_instance_without_turns_is_never_handed_one() -> Result<(), Box<dyn s
     Ok(())
 }
 
+/// A manager over a backend of its own whose retry policy would not look
+/// again for 10 s: only a wake-up serves it.
+async fn woken_only(
+    server: &fx::RedisServer,
+    prefix: &str,
+) -> Result<LockManager, Box<dyn std::error::Error>> {
+    let cfg = RedisConfig::from_url(&server.url())?
+        .key_prefix(prefix)
+        .fence_retention(Duration::from_secs(60));
+    Ok(LockManager::builder(RedisBackend::connect(cfg).await?)
+        .ttl(Duration::from_secs(10))
+        .retry(RetryPolicy::Fixed(Duration::from_secs(10)))
+        .build()?)
+}
+
+type Stream = Vec<tokio::task::JoinHandle<Result<usize, moltlock_core::Error>>>;
+
+/// A task per manager taking `key` (fair or plain), holding it 1 ms and
+/// asking again at once, until `stop`; each counts its holds.
+fn hand_offs(managers: Vec<LockManager>, key: &'static str, fair: bool, stop: Instant) -> Stream {
+    let opts = match fair {
+        true => LockOptions::new().fair(),
+        false => LockOptions::new(),
+    };
+    managers
+        .into_iter()
+        .map(|m| {
+            let opts = opts.clone().timeout(Duration::from_secs(10));
+            tokio::spawn(async move {
+                let mut held = 0_usize;
+                while Instant::now() < stop {
+                    let Some(g) = m.acquire(key, opts.clone()).await? else {
+                        break;
+                    };
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    g.release().await?;
+                    held += 1;
+                }
+                Ok(held)
+            })
+        })
+        .collect()
+}
+
+/// Checks that every task of `stream` held its key more than ten times.
+async fn busy(stream: Stream) -> Result<(), Box<dyn std::error::Error>> {
+    for s in stream {
+        assert!(s.await?? > 10, "the hand-offs were not busy");
+    }
+    Ok(())
+}
+
 /// A plain waiter beside a busy fair queue is never drawn (a queue with
 /// places draws no turns), and the key is free only between a release
 /// and the next head's take. The queue's namings of its heads wake the
@@ -286,48 +338,19 @@ async fn a_plain_waiter_beside_a_busy_fair_queue_gets_the_key(
     let server = fx::redis()?;
     let prefix = fx::unique_prefix();
     let fair = instance(&server, &prefix).await?;
-    let cfg = RedisConfig::from_url(&server.url())?
-        .key_prefix(&prefix)
-        .fence_retention(Duration::from_secs(60));
-    let plain = LockManager::builder(RedisBackend::connect(cfg).await?)
-        .ttl(Duration::from_secs(10))
-        .retry(RetryPolicy::Fixed(Duration::from_secs(10)))
-        .build()?;
+    let plain = woken_only(&server, &prefix).await?;
     let stop = Instant::now() + Duration::from_secs(5);
-    let mut stream = Vec::new();
-    for _ in 0..2 {
-        let m = fair.clone();
-        stream.push(tokio::spawn(async move {
-            let mut held = 0_usize;
-            while Instant::now() < stop {
-                let opts = LockOptions::new().fair().timeout(Duration::from_secs(10));
-                let Some(g) = m.acquire("fairstream/k", opts).await? else {
-                    break;
-                };
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                g.release().await?;
-                held += 1;
-            }
-            Ok::<_, moltlock_core::Error>(held)
-        }));
-    }
+    let stream = hand_offs(vec![fair.clone(), fair], "fairstream/k", true, stop);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let got = plain
         .lock_timeout("fairstream/k", Duration::from_secs(3))
         .await;
-    let busy_until = Instant::now();
-    assert!(
-        busy_until < stop,
-        "the fair queue stopped before the plain waiter was done"
-    );
+    assert!(Instant::now() < stop, "the fair queue stopped first");
     let Ok(g) = got else {
         return Err("a plain waiter beside a busy fair queue never got the key".into());
     };
     g.release().await?;
-    for s in stream {
-        assert!(s.await?? > 10, "the fair queue was not busy");
-    }
-    Ok(())
+    busy(stream).await
 }
 
 /// A multi-key take joins no key's turns, so it is never drawn, and the
@@ -340,43 +363,22 @@ async fn a_multi_key_waiter_beside_a_stream_of_turns_gets_its_keys(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let server = fx::redis()?;
     let prefix = fx::unique_prefix();
-    let stop = Instant::now() + Duration::from_secs(5);
-    let mut stream = Vec::new();
+    let mut plain = Vec::new();
     for _ in 0..3 {
-        let m = instance(&server, &prefix).await?;
-        stream.push(tokio::spawn(async move {
-            let mut held = 0_usize;
-            while Instant::now() < stop {
-                let g = m.lock("turnstream/k").await?;
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                g.release().await?;
-                held += 1;
-            }
-            Ok::<_, moltlock_core::Error>(held)
-        }));
+        plain.push(instance(&server, &prefix).await?);
     }
-    let cfg = RedisConfig::from_url(&server.url())?
-        .key_prefix(&prefix)
-        .fence_retention(Duration::from_secs(60));
-    let multi = LockManager::builder(RedisBackend::connect(cfg).await?)
-        .ttl(Duration::from_secs(10))
-        .retry(RetryPolicy::Fixed(Duration::from_secs(10)))
-        .build()?;
+    let multi = woken_only(&server, &prefix).await?;
+    let stop = Instant::now() + Duration::from_secs(5);
+    let stream = hand_offs(plain, "turnstream/k", false, stop);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let opts = LockOptions::new().timeout(Duration::from_secs(3));
     let got = multi
         .lock_all(["turnstream/k", "turnstream/k2"], opts)
         .await;
-    assert!(
-        Instant::now() < stop,
-        "the turns stopped before the take was done"
-    );
+    assert!(Instant::now() < stop, "the turns stopped first");
     let Ok(g) = got else {
         return Err("a multi-key waiter beside a stream of turns never got its keys".into());
     };
     g.release().await?;
-    for s in stream {
-        assert!(s.await?? > 10, "the turns were not busy");
-    }
-    Ok(())
+    busy(stream).await
 }
