@@ -283,9 +283,14 @@ async fn kill_pubsub(redis: &fx::OwnedRedis) -> Result<i64, redis::RedisError> {
         .await
 }
 
+/// A config with the restart quarantine `quarantine` and short requests.
+/// Connecting may take a loaded machine a few seconds: a restarted server
+/// refuses connections at once while it is down, so a long connect
+/// timeout slows no test, and a short one failed a first connect to a
+/// fresh server (500 ms, in a run of the whole suite).
 fn quarantined(url: &str, quarantine: Duration) -> Result<RedisConfig, Error> {
     Ok(RedisConfig::from_url(url)?
-        .connect_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(5))
         .request_timeout(Duration::from_millis(500))
         .restart_quarantine(quarantine))
 }
