@@ -237,10 +237,12 @@ impl Notifier {
     /// they look a turn after the first.
     pub(crate) fn joined(&self, channel: &str, joined: bool) {
         let mut set = self.shared.joined();
-        match joined {
-            true => set.insert(channel.to_owned()),
-            false => set.remove(channel),
-        };
+        if joined != set.contains(channel) {
+            match joined {
+                true => set.insert(channel.to_owned()),
+                false => set.remove(channel),
+            };
+        }
     }
 
     /// Registers a waiter for `channel`. Errors (the manager then polls) when

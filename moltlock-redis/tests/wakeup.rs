@@ -382,3 +382,58 @@ async fn a_multi_key_waiter_beside_a_stream_of_turns_gets_its_keys(
     g.release().await?;
     busy(stream).await
 }
+
+/// A waiter whose attempt joined the key's turns is not woken by each run
+/// of turns handed to other instances: it looks when they stop for a turn
+/// or every 100 ms. Here announcements of others' turns (sent by hand,
+/// every 2 ms for 300 ms, while the key stays held) wake it at most a few
+/// times; a waiter woken a turn after each first announcement would look
+/// about fifteen times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_in_the_turns_sleeps_through_others_turns(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let server = fx::start_owned()?;
+    let prefix = "sleeps:";
+    let holder = LockManager::builder(
+        RedisBackend::connect(RedisConfig::from_url(&server.url())?.key_prefix(prefix)).await?,
+    )
+    .ttl(Duration::from_secs(30))
+    .build()?;
+    let cfg = RedisConfig::from_url(&server.url())?.key_prefix(prefix);
+    let waiter = LockManager::builder(RedisBackend::connect(cfg).await?)
+        .ttl(Duration::from_secs(30))
+        .retry(RetryPolicy::Fixed(Duration::from_secs(10)))
+        .build()?;
+    let g = holder.lock("k").await?;
+    let waiting = tokio::spawn(async move { waiter.lock("k").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let client = redis::Client::open(server.raw_url())?;
+    let mut raw = client.get_multiplexed_async_connection().await?;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut raw)
+        .await?;
+    let end = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < end {
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(format!("{prefix}{{k}}"))
+            .arg("turn:another-instance")
+            .query_async(&mut raw)
+            .await?;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut raw)
+        .await?;
+    let looks = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(Ok(0), str::parse::<u64>)?;
+    assert!(looks <= 5, "the waiter looked {looks} times: {stats}");
+    g.release().await?;
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting).await??;
+    got?.release().await?;
+    Ok(())
+}
