@@ -7,7 +7,7 @@
 //! | Redis | `SET k t NX PX ttl` | the compare-and-`DEL` script (`EVALSHA`) |
 //! | etcd | `Txn(if create_revision(k) == 0 then put(k, t, lease) else get(k))` | `Txn(if value(k) == t then delete(k))` |
 //! | Postgres | `INSERT … ON CONFLICT (k) DO UPDATE … WHERE expires_at < now()` | `DELETE … WHERE k = $1 AND token = $2` |
-//! | SQLite | the same, with the expiry in milliseconds of the process clock | the same |
+//! | SQLite | the same, with the expiry in milliseconds of the process clock, on a `WITHOUT ROWID` table (one B-tree page per write) | the same |
 //! | MySQL/MariaDB | `INSERT … ON DUPLICATE KEY UPDATE` taking only an expired row, by the server's clock | the same `DELETE` |
 //!
 //! The SQL floors are written here against a table of the harness's own

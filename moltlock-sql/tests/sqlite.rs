@@ -180,3 +180,63 @@ async fn options_in_the_url_apply() {
     let bad = SqliteBackend::from_url(&format!("{url}&acquire_timeout=2")).await;
     assert!(matches!(bad, Err(Error::Config(_))), "{bad:?}");
 }
+
+/// A locks table made before the table was `WITHOUT ROWID` (a rowid table
+/// with the first schema's columns) is brought up to date and serves: a
+/// lock taken on it excludes a second taker and its fences keep rising.
+#[tokio::test]
+async fn a_rowid_table_of_the_first_schema_keeps_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    let opts = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(opts).await.unwrap();
+    sqlx::query(
+        "CREATE TABLE moltlock_locks (key TEXT PRIMARY KEY, owner TEXT NOT NULL, \
+         fence INTEGER NOT NULL, expires_at INTEGER NOT NULL, acquired_at INTEGER NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let backend = SqliteBackend::from_url(&path.display().to_string())
+        .await
+        .unwrap();
+    let kept: String =
+        sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE name = 'moltlock_locks'")
+            .fetch_one(backend.pool())
+            .await
+            .unwrap();
+    assert!(
+        !kept.contains("WITHOUT ROWID"),
+        "the old table was replaced: {kept}"
+    );
+    let m = LockManager::new(backend.clone());
+    let g = m.lock("k").await.unwrap();
+    let other = LockManager::new(backend.clone());
+    assert!(
+        other.try_lock("k").await.unwrap().is_none(),
+        "a second taker got a held key"
+    );
+    let first = g.fence();
+    g.release().await.unwrap();
+    let g = other.lock("k").await.unwrap();
+    assert!(g.fence() > first, "fence {} after {first}", g.fence());
+    g.release().await.unwrap();
+}
+
+/// A new locks table keeps its rows in the key's B-tree.
+#[tokio::test]
+async fn a_new_locks_table_is_without_rowid() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = SqliteBackend::from_url(&dir.path().join("new.db").display().to_string())
+        .await
+        .unwrap();
+    let sql: String =
+        sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE name = 'moltlock_locks'")
+            .fetch_one(backend.pool())
+            .await
+            .unwrap();
+    assert!(sql.contains("WITHOUT ROWID"), "{sql}");
+}

@@ -21,11 +21,12 @@ pub(super) static PG_TABLE: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// SQLite: expiry in milliseconds of the process clock (SQLite's clock is
-/// its client's).
+/// its client's), rows in the key's B-tree (`WITHOUT ROWID`), as the
+/// backend's own table.
 pub(super) static SQLITE_TABLE: LazyLock<String> = LazyLock::new(|| {
     named(
         "CREATE TABLE IF NOT EXISTS moltlock_bench_floor \
-     (k TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at INTEGER NOT NULL)",
+     (k TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at INTEGER NOT NULL) WITHOUT ROWID",
     )
 });
 
