@@ -18,6 +18,7 @@ mod checks;
 pub mod counting;
 pub mod floor;
 pub mod lockall;
+pub mod memory;
 pub mod molt;
 pub mod peers;
 mod perstore;

@@ -17,6 +17,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if args.memory_probe {
+        return match rt.block_on(moltlock_bench::memory::probe(&args)) {
+            Ok(bytes) => {
+                println!("{bytes}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("moltlock-bench: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let report = rt.block_on(run(&args));
     if args.json {
         match serde_json::to_string_pretty(&report) {

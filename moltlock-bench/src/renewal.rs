@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::counting::Counting;
 use crate::floor::Floor;
-use crate::sysinfo::{cpu_time, rss_bytes};
+use crate::sysinfo::cpu_time;
 use crate::target::Target;
 
 /// Renewal intervals observed.
@@ -44,7 +44,8 @@ pub struct RenewalResult {
     pub store_ops_per_interval: Option<f64>,
     /// Client CPU time per interval, in milliseconds.
     pub cpu_ms_per_interval: f64,
-    /// Resident memory added per held lock, in bytes.
+    /// Resident memory added per held lock, in bytes, measured in a fresh
+    /// child process (see [`crate::memory`]).
     pub bytes_per_lock: f64,
     /// Holds not held at the end (lost during the window).
     pub lost: usize,
@@ -69,13 +70,11 @@ pub async fn renewal(
         .ttl(ttl)
         .build()
         .map_err(|e| e.to_string())?;
-    let rss0 = rss_bytes().unwrap_or(0);
     let cpu0 = cpu_time().unwrap_or_default();
     let started = Instant::now();
-    let guards = acquire_all(t, &manager, locks, tasks).await?;
+    let guards = acquire_all(t, &manager, "renew", locks, tasks).await?;
     let acquire_secs = started.elapsed().as_secs_f64();
     let cpu1 = cpu_time().unwrap_or_default();
-    let rss1 = rss_bytes().unwrap_or(0);
     let c0 = counts.get();
     let s0 = store_ops(t, floor).await;
     let interval = ttl / 3;
@@ -85,6 +84,8 @@ pub async fn renewal(
     let cpu2 = cpu_time().unwrap_or_default();
     let lost = guards.iter().filter(|g| !g.is_held()).count();
     release_all(guards, tasks).await?;
+    drop(manager);
+    let bytes_per_lock = crate::memory::bytes_per_lock(t, locks, ttl, tasks).await?;
     let n = f64::from(INTERVALS);
     Ok(RenewalResult {
         locks,
@@ -101,14 +102,20 @@ pub async fn renewal(
             _ => s0.zip(s1).map(|(a, b)| b.saturating_sub(a) as f64 / n),
         },
         cpu_ms_per_interval: cpu2.saturating_sub(cpu1).as_secs_f64() * 1e3 / n,
-        bytes_per_lock: rss1.saturating_sub(rss0) as f64 / locks.max(1) as f64,
+        bytes_per_lock,
         lost,
     })
 }
 
-async fn acquire_all(
+/// Takes `locks` locks of `section`'s keys with `manager`, `tasks` tasks
+/// at a time.
+///
+/// # Errors
+/// The first acquisition error, as text.
+pub async fn acquire_all(
     t: &Target,
     manager: &LockManager,
+    section: &'static str,
     locks: usize,
     tasks: usize,
 ) -> Result<Vec<LockGuard>, String> {
@@ -119,7 +126,7 @@ async fn acquire_all(
         handles.push(tokio::spawn(async move {
             let mut mine = Vec::new();
             for i in (task..locks).step_by(tasks) {
-                let key = t.key("renew", i);
+                let key = t.key(section, i);
                 let guard = manager
                     .lock_timeout(&key, Duration::from_secs(30))
                     .await
@@ -136,7 +143,12 @@ async fn acquire_all(
     Ok(all)
 }
 
-async fn release_all(guards: Vec<LockGuard>, tasks: usize) -> Result<(), String> {
+/// Releases `guards`, `tasks` at a time; a hold that expired meanwhile is
+/// not an error.
+///
+/// # Errors
+/// A task that panicked, as text.
+pub async fn release_all(guards: Vec<LockGuard>, tasks: usize) -> Result<(), String> {
     let guards = Arc::new(std::sync::Mutex::new(guards));
     let mut handles = Vec::new();
     for _ in 0..tasks.max(1) {

@@ -81,6 +81,15 @@ pub struct Args {
     /// Write the hand-off latency chart (SVG) here.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// Only take `--locks` locks on the first `--url` in this process and
+    /// print the resident bytes added per lock (the renewal section runs
+    /// this in a child process; see `memory`).
+    #[arg(long, hide = true)]
+    pub memory_probe: bool,
+    /// The run id to write under (the memory probe writes in its parent's
+    /// key space).
+    #[arg(long, hide = true)]
+    pub run_id: Option<String>,
 }
 
 /// A part of a backend's run, for `--only`.
