@@ -17,6 +17,7 @@
 mod checks;
 pub mod counting;
 pub mod floor;
+pub mod holds;
 pub mod lockall;
 pub mod memory;
 pub mod molt;

@@ -18,7 +18,10 @@ fn main() -> ExitCode {
         }
     };
     if args.memory_probe {
-        return match rt.block_on(moltlock_bench::memory::probe(&args)) {
+        let url = args.urls.first().map_or("", String::as_str);
+        let run = args.run_id.as_deref();
+        let probe = moltlock_bench::memory::probe(url, run, args.locks, args.tasks, args.renew_ttl);
+        return match rt.block_on(probe) {
             Ok(bytes) => {
                 println!("{bytes}");
                 ExitCode::SUCCESS

@@ -16,8 +16,7 @@ use std::time::Duration;
 
 use moltlock::LockManager;
 
-use crate::renewal::{acquire_all, release_all};
-use crate::run::Args;
+use crate::holds::{acquire_all, release_all};
 use crate::sysinfo::rss_bytes;
 use crate::target::Target;
 
@@ -68,30 +67,34 @@ pub async fn bytes_per_lock(
 }
 
 /// The child's side: what [`bytes_per_lock`] reports, measured in this
-/// process.
+/// process, for `locks` locks on `url` of TTL `ttl` (raised to the
+/// backend's shortest) taken by `tasks` tasks, under the run id `run` (a
+/// fresh one when `None`).
 ///
 /// # Errors
 /// A bad URL, or connection, acquisition or release errors, as text.
-pub async fn probe(a: &Args) -> Result<f64, String> {
-    let url = a.urls.first().ok_or("memory probe: no --url")?;
-    let run = a
-        .run_id
-        .clone()
-        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+pub async fn probe(
+    url: &str,
+    run: Option<&str>,
+    locks: usize,
+    tasks: usize,
+    ttl: Duration,
+) -> Result<f64, String> {
+    let run = run.map_or_else(|| uuid::Uuid::new_v4().simple().to_string(), str::to_owned);
     let t = Target::new(url, &run)?;
     let backend = t.backend().await?;
-    let ttl = a.renew_ttl.max(backend.limits().min_ttl);
+    let ttl = ttl.max(backend.limits().min_ttl);
     let manager = LockManager::builder(backend)
         .ttl(ttl)
         .build()
         .map_err(|e| e.to_string())?;
-    let first = a.locks / 2;
-    let second = a.locks - first;
-    let mut guards = acquire_all(&t, &manager, "memory-a", first, a.tasks).await?;
+    let first = locks / 2;
+    let second = locks - first;
+    let mut guards = acquire_all(&t, &manager, "memory-a", first, tasks).await?;
     let before = rss_bytes().ok_or("memory probe: no resident set size")?;
-    guards.extend(acquire_all(&t, &manager, "memory-b", second, a.tasks).await?);
+    guards.extend(acquire_all(&t, &manager, "memory-b", second, tasks).await?);
     let after = rss_bytes().ok_or("memory probe: no resident set size")?;
-    release_all(guards, a.tasks).await?;
+    release_all(guards, tasks).await?;
     Ok(after.saturating_sub(before) as f64 / second.max(1) as f64)
 }
 

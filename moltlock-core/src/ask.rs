@@ -79,7 +79,7 @@ pub(crate) fn ask_ttl(holder: &HolderInfo, min_ttl: Duration) -> Duration {
 pub(crate) fn spawn_check(backend: &Arc<dyn Backend>, due: &[Arc<Hold>]) {
     let listening: Vec<Arc<Hold>> = due
         .iter()
-        .filter(|h| h.listening.load(Ordering::Acquire) && !*h.asked.borrow())
+        .filter(|h| h.listening.load(Ordering::Acquire) && !h.was_asked())
         .cloned()
         .collect();
     let Some(interval) = listening.iter().map(|h| h.interval).min() else {
@@ -102,7 +102,7 @@ async fn check(backend: &Arc<dyn Backend>, listening: &[Arc<Hold>]) {
             };
             match inspector.inspect(&hold.key.derive(ASK)).await {
                 Ok(Some(ask)) if ask.holder == hold.token => {
-                    hold.asked.send_replace(true);
+                    hold.ask();
                 }
                 Ok(_) => {}
                 Err(e) => tracing::debug!(key = %hold.key, error = %e, "could not read the release requests"),
@@ -115,7 +115,7 @@ async fn check(backend: &Arc<dyn Backend>, listening: &[Arc<Hold>]) {
 /// Removes the request a released hold was asked with, in the background
 /// (owner-checked: only the request meant for this hold).
 pub(crate) fn forget(backend: &Arc<dyn Backend>, hold: &Hold) {
-    if !*hold.asked.borrow() {
+    if !hold.was_asked() {
         return;
     }
     let Ok(rt) = tokio::runtime::Handle::try_current() else {

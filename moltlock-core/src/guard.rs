@@ -139,7 +139,7 @@ impl LockGuard {
     pub async fn release_requested(&self) {
         let hold = self.hold();
         hold.listening.store(true, Ordering::Release);
-        let mut asked = hold.asked.subscribe();
+        let mut asked = hold.asked_channel().subscribe();
         // An `Err` means the hold is gone: nothing will be asked any more.
         if asked.wait_for(|a| *a).await.is_err() {
             std::future::pending::<()>().await;
@@ -152,8 +152,7 @@ impl LockGuard {
     pub fn is_release_requested(&self) -> bool {
         let hold = self.hold();
         hold.listening.store(true, Ordering::Release);
-        let asked = *hold.asked.borrow();
-        asked
+        hold.was_asked()
     }
 
     /// Stops renewal and deletes the hold (owner-checked).

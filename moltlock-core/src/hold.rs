@@ -1,7 +1,7 @@
 //! The shared state of one held lock, read by its guard and the renewal driver.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -47,8 +47,10 @@ pub(crate) struct Hold {
     renewing: AtomicBool,
     /// Its holder listens for release requests ([`crate::ask`]).
     pub(crate) listening: AtomicBool,
-    /// A release request for this hold was seen.
-    pub(crate) asked: watch::Sender<bool>,
+    /// A release request for this hold was seen; made when first asked
+    /// or listened to (most holds never are, and a channel costs a few
+    /// hundred bytes).
+    asked: OnceLock<watch::Sender<bool>>,
 }
 
 impl Hold {
@@ -88,8 +90,23 @@ impl Hold {
             next_renew: Mutex::new(sent_at + interval),
             renewing: AtomicBool::new(false),
             listening: AtomicBool::new(false),
-            asked: watch::Sender::new(false),
+            asked: OnceLock::new(),
         }
+    }
+
+    /// Whether a release request for this hold was seen.
+    pub(crate) fn was_asked(&self) -> bool {
+        self.asked.get().is_some_and(|a| *a.borrow())
+    }
+
+    /// Records that a release request for this hold was seen.
+    pub(crate) fn ask(&self) {
+        self.asked_channel().send_replace(true);
+    }
+
+    /// The channel that tells whether a release request was seen.
+    pub(crate) fn asked_channel(&self) -> &watch::Sender<bool> {
+        self.asked.get_or_init(|| watch::Sender::new(false))
     }
 
     /// The TTL a request of this hold sent at `sent_at` asks for; `None`

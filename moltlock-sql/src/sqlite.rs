@@ -15,16 +15,14 @@
 //! cross-process notifications), sleeping no longer than the holder's time
 //! left.
 //!
-//! The locks table is made `WITHOUT ROWID`: its rows live in the key's own
-//! B-tree, so a write changes one page of it rather than a row page and a
-//! key index page. A table made before (a rowid table) keeps working as it is.
+//! The locks table is `WITHOUT ROWID` (a write changes one B-tree page, not
+//! a row's and its key index's); a rowid table made before still serves.
 //!
 //! ```sql
 //! CREATE TABLE IF NOT EXISTS "moltlock_locks" (
 //!     key TEXT PRIMARY KEY, owner TEXT NOT NULL, fence INTEGER NOT NULL,
 //!     expires_at INTEGER NOT NULL, acquired_at INTEGER NOT NULL,   -- ms since the epoch
-//!     info TEXT, version INTEGER NOT NULL DEFAULT 0, ttl_ms INTEGER NOT NULL DEFAULT 0)
-//!     WITHOUT ROWID;
+//!     info TEXT, version INTEGER NOT NULL DEFAULT 0, ttl_ms INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
 //! CREATE TABLE IF NOT EXISTS "moltlock_locks_fence" (
 //!     id INTEGER PRIMARY KEY CHECK (id = 1), value INTEGER NOT NULL);
 //! ```
