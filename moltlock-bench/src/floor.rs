@@ -218,6 +218,23 @@ impl Floor {
         Ok((mid - started, ended - mid))
     }
 
+    /// Deletes the rows the run's lock keys left in the backend's tables
+    /// (Postgres and MySQL keep a released key's row; the other stores'
+    /// keys go with [`cleanup`](Self::cleanup) or at their release).
+    ///
+    /// # Errors
+    /// A statement's error, as text.
+    pub async fn forget_run(&self, t: &Target) -> Result<(), String> {
+        let Some(table) = t.backend_table() else {
+            return Ok(());
+        };
+        match self {
+            Self::Postgres { pool } => sql::pg_forget(pool, &table, &t.key_prefix()).await,
+            Self::Mysql { pool } => sql::mysql_forget(pool, &table, &t.key_prefix()).await,
+            _ => Ok(()),
+        }
+    }
+
     /// Removes what the run left in the store: Redis fence keys under the
     /// run's prefix, the etcd lease (and keys under the run's prefix), the
     /// SQL floor's table.

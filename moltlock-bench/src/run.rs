@@ -86,8 +86,8 @@ pub struct Args {
     /// this in a child process; see `memory`).
     #[arg(long, hide = true)]
     pub memory_probe: bool,
-    /// The run id to write under (the memory probe writes in its parent's
-    /// key space).
+    /// The run id to write under (a fresh one by default; the memory probe
+    /// writes in its parent's key space).
     #[arg(long, hide = true)]
     pub run_id: Option<String>,
 }
@@ -223,7 +223,10 @@ fn keys(t: &Target, section: &'static str) -> KeyFn {
 
 /// Runs every measurement the arguments ask for.
 pub async fn run(a: &Args) -> Report {
-    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let run_id = a
+        .run_id
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
     let mut report = Report {
         settings: Settings {
             duration_ms: a.duration.as_millis() as u64,
@@ -283,7 +286,8 @@ async fn measure(t: &Target, a: &Args, r: &mut BackendReport) -> Result<(), Stri
     let floor = Floor::connect(t).await?;
     let res = measure_with(t, a, r, backend, &floor).await;
     let cleaned = floor.cleanup().await;
-    res.and(cleaned)
+    let forgotten = floor.forget_run(t).await;
+    res.and(cleaned).and(forgotten)
 }
 
 async fn measure_with(

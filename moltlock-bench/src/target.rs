@@ -84,9 +84,41 @@ impl Target {
         self.url.split('?').next().unwrap_or_default().to_owned()
     }
 
+    /// The backend's locks table on a SQL store, quoted (and in its schema
+    /// when the URL names one): the URL's `table` option, else the
+    /// default. `None` when a name is not a plain identifier.
+    pub fn backend_table(&self) -> Option<String> {
+        let query = self.url.split_once('?').map_or("", |x| x.1);
+        let option = |name: &str| {
+            query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+        };
+        let plain =
+            |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        let table = option("table").unwrap_or("moltlock_locks");
+        let quote = |s: &str| match self.store {
+            Store::Mysql => format!("`{s}`"),
+            _ => format!("\"{s}\""),
+        };
+        if !plain(table) {
+            return None;
+        }
+        match option("schema") {
+            Some(schema) if plain(schema) => Some(format!("{}.{}", quote(schema), quote(table))),
+            Some(_) => None,
+            None => Some(quote(table)),
+        }
+    }
+
+    /// The prefix of every lock key of this run (see [`key`](Self::key)).
+    pub fn key_prefix(&self) -> String {
+        format!("bench/{}/", self.run)
+    }
+
     /// A lock key of this run: `bench/<run>/<section>/<name>`.
     pub fn key(&self, section: &str, name: impl std::fmt::Display) -> String {
-        format!("bench/{}/{section}/{name}", self.run)
+        format!("{}{section}/{name}", self.key_prefix())
     }
 
     /// Opens a MoltLock backend on the store (through `moltlock::connect`).
@@ -117,6 +149,20 @@ mod tests {
         let t = Target::new("sqlite:///tmp/x.db", "r1")?;
         assert_eq!(t.backend_url(), "sqlite:///tmp/x.db");
         assert!(Target::new("nope://x", "r1").is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn the_backend_table_follows_the_url() -> Result<(), String> {
+        let table = |url: &str| Target::new(url, "r1").map(|t| t.backend_table());
+        let pg = "postgres://u@h/db";
+        assert_eq!(table(pg)?.as_deref(), Some("\"moltlock_locks\""));
+        let named = table(&format!("{pg}?table=app_locks&schema=locks"))?;
+        assert_eq!(named.as_deref(), Some("\"locks\".\"app_locks\""));
+        let my = table("mysql://root@h/test?max_connections=4&table=l2")?;
+        assert_eq!(my.as_deref(), Some("`l2`"));
+        assert_eq!(table(&format!("{pg}?table=a;drop"))?, None);
+        assert_eq!(table(&format!("{pg}?schema=x%22"))?, None);
         Ok(())
     }
 }

@@ -161,3 +161,52 @@ pub(super) async fn mysql_cycle(
         .map_err(err)?;
     Ok(matches!(take.rows_affected(), 1 | 2) && release.rows_affected() == 1)
 }
+
+/// Deletes the rows a run's lock keys (`prefix`…) left in the backend's
+/// Postgres `table` and its fair queue: released keys keep their row (for
+/// their fences), so every run would otherwise grow the shared table.
+pub(super) async fn pg_forget(pool: &PgPool, table: &str, prefix: &str) -> Result<(), String> {
+    let pattern = format!("{prefix}%");
+    let queue = queue_table(table);
+    for t in [table, queue.as_str()] {
+        let stmt = format!("DELETE FROM {t} WHERE key LIKE $1");
+        sqlx::query(&stmt)
+            .bind(&pattern)
+            .execute(pool)
+            .await
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
+/// As [`pg_forget`], on MySQL/MariaDB (the fence floor table too).
+pub(super) async fn mysql_forget(
+    pool: &MySqlPool,
+    table: &str,
+    prefix: &str,
+) -> Result<(), String> {
+    let pattern = format!("{prefix}%");
+    let inner = table.trim_matches('`');
+    let tables = [
+        table.to_owned(),
+        format!("`{inner}_queue`"),
+        format!("`{inner}_floor`"),
+    ];
+    for t in &tables {
+        let stmt = format!("DELETE FROM {t} WHERE lock_key LIKE ?");
+        sqlx::query(&stmt)
+            .bind(&pattern)
+            .execute(pool)
+            .await
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
+/// The fair queue's table beside a quoted Postgres table name.
+fn queue_table(table: &str) -> String {
+    match table.strip_suffix('"') {
+        Some(open) => format!("{open}_queue\""),
+        None => format!("{table}_queue"),
+    }
+}
