@@ -166,17 +166,9 @@ pub(super) async fn mysql_cycle(
 /// Postgres `table` and its fair queue: released keys keep their row (for
 /// their fences), so every run would otherwise grow the shared table.
 pub(super) async fn pg_forget(pool: &PgPool, table: &str, prefix: &str) -> Result<(), String> {
-    let pattern = format!("{prefix}%");
-    let queue = queue_table(table);
-    for t in [table, queue.as_str()] {
-        let stmt = format!("DELETE FROM {t} WHERE key LIKE $1");
-        sqlx::query(&stmt)
-            .bind(&pattern)
-            .execute(pool)
-            .await
-            .map_err(err)?;
-    }
-    Ok(())
+    let tables = [table.to_owned(), queue_table(table)];
+    let stmts = tables.map(|t| format!("DELETE FROM {t} WHERE key LIKE $1"));
+    delete_like(pool, &stmts, prefix).await
 }
 
 /// As [`pg_forget`], on MySQL/MariaDB (the fence floor table too).
@@ -185,17 +177,31 @@ pub(super) async fn mysql_forget(
     table: &str,
     prefix: &str,
 ) -> Result<(), String> {
-    let pattern = format!("{prefix}%");
     let inner = table.trim_matches('`');
     let tables = [
         table.to_owned(),
         format!("`{inner}_queue`"),
         format!("`{inner}_floor`"),
     ];
-    for t in &tables {
-        let stmt = format!("DELETE FROM {t} WHERE lock_key LIKE ?");
-        sqlx::query(&stmt)
-            .bind(&pattern)
+    let stmts = tables.map(|t| format!("DELETE FROM {t} WHERE lock_key LIKE ?"));
+    delete_like(pool, &stmts, prefix).await
+}
+
+/// Runs each of `stmts` with the pattern of the keys starting `prefix`.
+async fn delete_like<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    stmts: &[String],
+    prefix: &str,
+) -> Result<(), String>
+where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    let pattern = format!("{prefix}%");
+    for stmt in stmts {
+        sqlx::query::<DB>(stmt)
+            .bind(pattern.clone())
             .execute(pool)
             .await
             .map_err(err)?;
