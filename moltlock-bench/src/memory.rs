@@ -10,12 +10,13 @@
 //! reads its resident set, takes the other half, reads it again, prints
 //! the bytes added per lock of the second half and releases them all. It
 //! writes in the parent's key space (its run id), so the parent's cleanup
-//! covers it.
+//! covers it; run on its own (no run id given), it cleans up after itself.
 
 use std::time::Duration;
 
 use moltlock::LockManager;
 
+use crate::floor::Floor;
 use crate::holds::{acquire_all, release_all};
 use crate::sysinfo::rss_bytes;
 use crate::target::Target;
@@ -80,6 +81,7 @@ pub async fn probe(
     tasks: usize,
     ttl: Duration,
 ) -> Result<f64, String> {
+    let own = run.is_none();
     let run = run.map_or_else(|| uuid::Uuid::new_v4().simple().to_string(), str::to_owned);
     let t = Target::new(url, &run)?;
     let backend = t.backend().await?;
@@ -95,6 +97,12 @@ pub async fn probe(
     guards.extend(acquire_all(&t, &manager, "memory-b", second, tasks).await?);
     let after = rss_bytes().ok_or("memory probe: no resident set size")?;
     release_all(guards, tasks).await?;
+    if own {
+        // A run of its own: nobody else removes what its keys left.
+        let floor = Floor::connect(&t).await?;
+        let cleaned = floor.cleanup().await;
+        cleaned.and(floor.forget_run(&t).await)?;
+    }
     Ok(after.saturating_sub(before) as f64 / second.max(1) as f64)
 }
 

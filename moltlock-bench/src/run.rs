@@ -87,8 +87,8 @@ pub struct Args {
     #[arg(long, hide = true)]
     pub memory_probe: bool,
     /// The run id to write under (a fresh one by default; the memory probe
-    /// writes in its parent's key space).
-    #[arg(long, hide = true)]
+    /// writes in its parent's key space): letters, digits and `-`.
+    #[arg(long, hide = true, value_parser = parse_run_id)]
     pub run_id: Option<String>,
 }
 
@@ -138,6 +138,22 @@ impl Args {
     /// The sections measured, in run order.
     pub fn sections(&self) -> Vec<Section> {
         Section::ALL.into_iter().filter(|s| self.runs(*s)).collect()
+    }
+}
+
+/// A run id as given: 1 to 64 ASCII letters, digits and `-` (it goes into
+/// keys, and a cleanup matches keys by it).
+///
+/// # Errors
+/// A message for anything else.
+pub fn parse_run_id(s: &str) -> Result<String, String> {
+    let ok =
+        (1..=64).contains(&s.len()) && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    match ok {
+        true => Ok(s.to_owned()),
+        false => Err(format!(
+            "not a run id: {s:?} (1 to 64 letters, digits and -)"
+        )),
     }
 }
 
@@ -473,6 +489,14 @@ async fn measure_peer(t: &Target, a: &Args, p: &mut PeerReport) -> Result<(), St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_ids_are_plain() {
+        assert_eq!(parse_run_id("smoke-42"), Ok("smoke-42".to_owned()));
+        for bad in ["", "a_b", "a%", "a/b", &"x".repeat(65)] {
+            assert!(parse_run_id(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn durations() {

@@ -85,29 +85,30 @@ impl Target {
     }
 
     /// The backend's locks table on a SQL store, quoted (and in its schema
-    /// when the URL names one): the URL's `table` option, else the
-    /// default. `None` when a name is not a plain identifier.
+    /// when a Postgres URL names one): the URL's `table` option (the last
+    /// one, as the backend reads it), else the default. MySQL has no
+    /// schema option (the database of the URL holds the table). `None`
+    /// when a name is not a plain identifier.
     pub fn backend_table(&self) -> Option<String> {
         let query = self.url.split_once('?').map_or("", |x| x.1);
         let option = |name: &str| {
             query
-                .split('&')
+                .rsplit('&')
                 .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
         };
         let plain =
             |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         let table = option("table").unwrap_or("moltlock_locks");
-        let quote = |s: &str| match self.store {
-            Store::Mysql => format!("`{s}`"),
-            _ => format!("\"{s}\""),
-        };
         if !plain(table) {
             return None;
         }
+        if self.store == Store::Mysql {
+            return Some(format!("`{table}`"));
+        }
         match option("schema") {
-            Some(schema) if plain(schema) => Some(format!("{}.{}", quote(schema), quote(table))),
+            Some(schema) if plain(schema) => Some(format!("\"{schema}\".\"{table}\"")),
             Some(_) => None,
-            None => Some(quote(table)),
+            None => Some(format!("\"{table}\"")),
         }
     }
 
@@ -159,8 +160,10 @@ mod tests {
         assert_eq!(table(pg)?.as_deref(), Some("\"moltlock_locks\""));
         let named = table(&format!("{pg}?table=app_locks&schema=locks"))?;
         assert_eq!(named.as_deref(), Some("\"locks\".\"app_locks\""));
-        let my = table("mysql://root@h/test?max_connections=4&table=l2")?;
+        let my = table("mysql://root@h/test?max_connections=4&table=l2&schema=other")?;
         assert_eq!(my.as_deref(), Some("`l2`"));
+        let twice = table(&format!("{pg}?table=first&table=second"))?;
+        assert_eq!(twice.as_deref(), Some("\"second\""));
         assert_eq!(table(&format!("{pg}?table=a;drop"))?, None);
         assert_eq!(table(&format!("{pg}?schema=x%22"))?, None);
         Ok(())

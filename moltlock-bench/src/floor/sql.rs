@@ -198,7 +198,7 @@ where
     for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
 {
-    let pattern = format!("{prefix}%");
+    let pattern = format!("{}%", like_escaped(prefix));
     for stmt in stmts {
         sqlx::query::<DB>(stmt)
             .bind(pattern.clone())
@@ -209,10 +209,40 @@ where
     Ok(())
 }
 
+/// `text` matched literally by `LIKE` (whose escape character is `\\` on
+/// Postgres and MySQL): `%` and `_` are not wildcards in it.
+fn like_escaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '\\' | '%' | '_') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// The fair queue's table beside a quoted Postgres table name.
 fn queue_table(table: &str) -> String {
     match table.strip_suffix('"') {
         Some(open) => format!("{open}_queue\""),
         None => format!("{table}_queue"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{like_escaped, queue_table};
+
+    #[test]
+    fn a_prefix_is_matched_literally() {
+        assert_eq!(like_escaped("bench/a_b%c\\d/"), "bench/a\\_b\\%c\\\\d/");
+        assert_eq!(like_escaped("bench/0af3/"), "bench/0af3/");
+    }
+
+    #[test]
+    fn the_queue_sits_beside_its_table() {
+        assert_eq!(queue_table("\"s\".\"t\""), "\"s\".\"t_queue\"");
+        assert_eq!(queue_table("plain"), "plain_queue");
     }
 }
