@@ -202,7 +202,7 @@ pub(crate) async fn linger(
     let throwaway = Token::random();
     match inner
         .backend
-        .cas(key, Some(token), &throwaway, left)
+        .cas(key, Some(token), &throwaway, linger_ttl(left))
         .await?
     {
         CasOutcome::Acquired { .. } => {
@@ -213,6 +213,17 @@ pub(crate) async fn linger(
             key: key.to_string(),
         }),
     }
+}
+
+/// The throwaway hold's TTL for an at-least time with `left` to run: in
+/// whole milliseconds rounded up, and one more. Stores count a TTL in whole
+/// milliseconds from their clock read to the millisecond below (SQLite,
+/// Redis), so a TTL of `left` as sent could end up to a millisecond or two
+/// before the at-least time; the key must not be free before it.
+fn linger_ttl(left: Duration) -> Duration {
+    let ms = left.as_nanos().div_ceil(1_000_000);
+    let ms = u64::try_from(ms).unwrap_or(u64::MAX);
+    Duration::from_millis(ms.saturating_add(1))
 }
 
 /// [`linger`] in the background, for a dropped guard (as [`spawn_release`]).
@@ -240,4 +251,18 @@ pub(crate) fn spawn_linger(inner: &Arc<Inner>, key: LockKey, token: Token, left:
 fn runtime_of(inner: &Inner) -> Option<tokio::runtime::Handle> {
     let here = tokio::runtime::Handle::try_current().ok();
     here.or_else(|| inner.runtime.get().cloned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lingering_hold_ends_no_earlier_than_its_at_least_time() {
+        let ms = Duration::from_millis;
+        assert_eq!(linger_ttl(ms(1500)), ms(1501));
+        assert_eq!(linger_ttl(Duration::from_micros(1_499_001)), ms(1501));
+        assert_eq!(linger_ttl(Duration::from_nanos(1)), ms(2));
+        assert_eq!(linger_ttl(Duration::MAX), Duration::from_millis(u64::MAX));
+    }
 }
