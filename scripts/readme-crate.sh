@@ -10,6 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
+# The workspace's dependencies build without debug info (Cargo.toml): the
+# fresh crates' builds do the same, so they reuse what they can and add
+# little to the target directory.
+export CARGO_PROFILE_DEV_DEBUG=false
 out="$CARGO_TARGET_DIR/readme-crates"
 rm -rf "$out"
 mkdir -p "$out"
