@@ -305,8 +305,10 @@ impl RedisBackend {
     }
 }
 
+/// A TTL in whole milliseconds for `PX`, rounded up: the server never
+/// holds a key for less than asked.
 pub(crate) fn millis(ttl: Duration) -> String {
-    ttl.as_millis().max(1).to_string()
+    ttl.as_nanos().div_ceil(1_000_000).max(1).to_string()
 }
 
 pub(crate) fn parse_fence(text: Option<String>) -> Result<Fence, Error> {
@@ -428,5 +430,18 @@ impl Turns for RedisBackend {
     /// the members' votes.
     fn set_turns(&self, on: bool) {
         self.inner.turns.store(on, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ttl_in_millis_is_rounded_up() {
+        assert_eq!(millis(Duration::from_millis(2000)), "2000");
+        assert_eq!(millis(Duration::from_micros(1_999_600)), "2000");
+        assert_eq!(millis(Duration::from_nanos(1_000_000_001)), "1001");
+        assert_eq!(millis(Duration::from_nanos(1)), "1");
     }
 }

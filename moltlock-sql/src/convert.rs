@@ -30,16 +30,23 @@ impl SweepCounter {
     }
 }
 
-/// A TTL in whole milliseconds, saturating.
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) fn millis(ttl: Duration) -> i64 {
-    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+/// A TTL in whole units of `unit_ns` nanoseconds, rounded up (a store
+/// never holds a key for less than asked), saturating.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+fn whole(ttl: Duration, unit_ns: u128) -> i64 {
+    i64::try_from(ttl.as_nanos().div_ceil(unit_ns)).unwrap_or(i64::MAX)
 }
 
-/// A TTL in whole microseconds, saturating.
+/// A TTL in whole milliseconds, rounded up, saturating.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn millis(ttl: Duration) -> i64 {
+    whole(ttl, 1_000_000)
+}
+
+/// A TTL in whole microseconds, rounded up, saturating.
 #[cfg(feature = "mysql")]
 pub(crate) fn micros(ttl: Duration) -> i64 {
-    i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX)
+    whole(ttl, 1_000)
 }
 
 /// A fence stored as a signed integer (never negative in practice).
@@ -200,4 +207,26 @@ where
 {
     let rows = sqlx::query(sql).bind(arg).fetch_all(pool).await?;
     rows.iter().map(holder_info).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[test]
+    fn a_ttl_in_millis_is_rounded_up() {
+        assert_eq!(millis(Duration::from_millis(2000)), 2000);
+        assert_eq!(millis(Duration::from_micros(1_999_600)), 2000);
+        assert_eq!(millis(Duration::from_nanos(1_000_000_001)), 1001);
+        assert_eq!(millis(Duration::MAX), i64::MAX);
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn a_ttl_in_micros_is_rounded_up() {
+        assert_eq!(micros(Duration::from_micros(1500)), 1500);
+        assert_eq!(micros(Duration::from_nanos(1_500_001)), 1501);
+        assert_eq!(micros(Duration::MAX), i64::MAX);
+    }
 }
