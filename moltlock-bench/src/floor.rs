@@ -7,7 +7,7 @@
 //! | Redis | `SET k t NX PX ttl` | the compare-and-`DEL` script (`EVALSHA`) |
 //! | etcd | `Txn(if create_revision(k) == 0 then put(k, t, lease) else get(k))` | `Txn(if value(k) == t then delete(k))` |
 //! | Postgres | `INSERT … ON CONFLICT (k) DO UPDATE … WHERE expires_at < now()` | `DELETE … WHERE k = $1 AND token = $2` |
-//! | SQLite | the same, with the expiry in milliseconds of the process clock, on a `WITHOUT ROWID` table (one B-tree page per write) | the same |
+//! | SQLite | the same, with the expiry in milliseconds of the process clock, on a `WITHOUT ROWID` table (one B-tree page per write) in a database file of its own beside the backend's | the same |
 //! | MySQL/MariaDB | `INSERT … ON DUPLICATE KEY UPDATE` taking only an expired row, by the server's clock | the same `DELETE` |
 //!
 //! The SQL floors are written here against a table of the harness's own
@@ -67,10 +67,12 @@ pub enum Floor {
         /// A pool of its own.
         pool: PgPool,
     },
-    /// SQLite: a raw pool.
+    /// SQLite: a raw pool, on a database file of its own.
     Sqlite {
         /// A pool of its own.
         pool: SqlitePool,
+        /// Its file (none in memory), removed by [`Floor::cleanup`].
+        file: Option<std::path::PathBuf>,
     },
     /// MySQL or MariaDB: a raw pool.
     Mysql {
@@ -121,8 +123,9 @@ impl Floor {
                 Ok(Self::Postgres { pool })
             }
             Store::Sqlite => {
-                let opts = SqliteConnectOptions::from_str(&t.url)
-                    .map_err(err)?
+                let opts = SqliteConnectOptions::from_str(&t.url).map_err(err)?;
+                let (opts, file) = own_file(opts, &t.run);
+                let opts = opts
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Normal)
                     .busy_timeout(Duration::from_secs(10));
@@ -134,7 +137,7 @@ impl Floor {
                     .execute(&pool)
                     .await
                     .map_err(err)?;
-                Ok(Self::Sqlite { pool })
+                Ok(Self::Sqlite { pool, file })
             }
             Store::Mysql => {
                 let pool = MySqlPoolOptions::new()
@@ -207,7 +210,7 @@ impl Floor {
                 prefix,
             } => etcd_cycle(client, *lease, format!("{prefix}{key}"), &token, s).await?,
             Self::Postgres { pool } => sql::pg_cycle(pool, key, &token, s).await?,
-            Self::Sqlite { pool } => sql::sqlite_cycle(pool, key, &token, s).await?,
+            Self::Sqlite { pool, .. } => sql::sqlite_cycle(pool, key, &token, s).await?,
             Self::Mysql { pool } => sql::mysql_cycle(pool, key, &token, s).await?,
         };
         let ended = Instant::now();
@@ -256,10 +259,48 @@ impl Floor {
                 Ok(())
             }
             Self::Postgres { pool } => drop_table(pool.execute(sql::DROP.as_str())).await,
-            Self::Sqlite { pool } => drop_table(pool.execute(sql::DROP.as_str())).await,
+            Self::Sqlite { pool, file } => {
+                drop_table(pool.execute(sql::DROP.as_str())).await?;
+                pool.close().await;
+                file.as_deref().map_or(Ok(()), remove_database)
+            }
             Self::Mysql { pool } => drop_table(pool.execute(sql::DROP.as_str())).await,
         }
     }
+}
+
+/// The SQLite floor's own database file, beside the backend's (its name
+/// with `-floor-<run id>` added): the floor and MoltLock alternate cycle
+/// by cycle, and on one file each commit of one side makes the other
+/// side's connections read their pages again, a cost neither would have
+/// on its own.
+fn own_file(
+    opts: SqliteConnectOptions,
+    run: &str,
+) -> (SqliteConnectOptions, Option<std::path::PathBuf>) {
+    let file = opts.get_filename();
+    if file == std::path::Path::new(":memory:") {
+        return (opts, None);
+    }
+    let mut name = file.as_os_str().to_owned();
+    name.push(format!("-floor-{run}"));
+    let file = std::path::PathBuf::from(name);
+    (opts.filename(&file).create_if_missing(true), Some(file))
+}
+
+/// Removes a closed SQLite database: its file and the WAL's two.
+fn remove_database(file: &std::path::Path) -> Result<(), String> {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = file.as_os_str().to_owned();
+        name.push(suffix);
+        match std::fs::remove_file(&name) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(format!("{}: {e}", file.display()))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Awaits the drop of the SQL floor's table.

@@ -285,6 +285,12 @@ fn markdown_has_every_section() {
     assert!(!text.contains("error:"), "{text}");
     let first = text.find("### ").and_then(|at| text[at..].lines().next());
     assert_eq!(first, Some("### Summary"), "the summary opens the report");
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("temp dir")
+        .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+        .filter(|name| name.contains("-floor-"))
+        .collect();
+    assert!(left.is_empty(), "the floor's database stayed: {left:?}");
 }
 
 /// `--only` runs just the sections named (the new ones here), on SQLite
