@@ -28,7 +28,9 @@ pub async fn expired_key_race_has_one_winner(f: Factory) -> CaseResult {
     let mut held = timed_acquire(&clients[holder], &k, ttl).await?;
     for round in 0..2 {
         tokio::time::sleep_until(held.expiry).await;
-        let give_up = held.surely_gone() + Duration::from_secs(2);
+        // Liveness only: on a loaded machine etcd's first revoke of an
+        // expired lease may not land, and its lessor tries again 3 s later.
+        let give_up = held.surely_gone() + Duration::from_secs(5);
         let (winner, token, fence) = loop {
             let winners = race(&clients, &k, ttl).await?;
             if winners.len() > 1 {
