@@ -87,10 +87,13 @@ impl Terms {
         }
     }
 
-    /// What is left of `at_least`, `elapsed` after the acquire request.
+    /// What is left of `at_least`, `elapsed` after the acquire request
+    /// (`None` once it has passed). However little is left, the key stays
+    /// blocked for it: the throwaway hold then lasts the store's shortest
+    /// TTL.
     pub(crate) fn at_least_left(&self, elapsed: Duration) -> Option<Duration> {
         let left = self.job.at_least?.saturating_sub(elapsed);
-        (left >= MIN_TTL).then_some(left)
+        (!left.is_zero()).then_some(left)
     }
 }
 
@@ -120,6 +123,8 @@ mod tests {
         assert_eq!(terms(None, None).first_ttl(), 30 * S);
         assert_eq!(t.at_least_left(10 * S), Some(50 * S));
         assert_eq!(t.at_least_left(60 * S), None);
+        let little = Duration::from_millis(1);
+        assert_eq!(t.at_least_left(60 * S - little), Some(little));
     }
 
     #[test]

@@ -127,6 +127,7 @@ macro_rules! __cases {
                 lock_all_cancel_leaves_nothing: "11 multi-locks, 6 cancellation",
                 lock_all_lost_fires_when_any_key_is_lost: "11 multi-locks, 4 lost signals",
                 job_at_least_blocks_after_an_early_release: "12 job locks, 3 expiry",
+                job_at_least_blocks_to_its_last_millisecond: "12 job locks, 3 expiry",
                 job_at_most_stops_the_holder: "12 job locks, 4 lost signals",
                 election_has_one_leader_under_churn: "13 elections, 1 mutual exclusion, 5 fencing",
                 election_cut_off_leader_knows_before_a_successor_leads: "13 elections, 4 lost signals",

@@ -7,7 +7,7 @@ use super::common::*;
 
 /// A job that ends early leaves its key blocked until `at_least` after its
 /// acquire request, and free soon after: the release hands the key to a
-/// throwaway hold of exactly what is left, which nothing renews (a store
+/// throwaway hold of what is left (rounded up), which nothing renews (a store
 /// that kept the old expiry, or hung the throwaway on a lease something
 /// else keeps alive, blocks the next run too long).
 pub async fn job_at_least_blocks_after_an_early_release(f: Factory) -> CaseResult {
@@ -50,6 +50,38 @@ pub async fn job_at_least_blocks_after_an_early_release(f: Factory) -> CaseResul
         freed >= asked + least,
         "the key was free {:?} after the acquire, before its at-least time of {least:?}",
         freed - asked
+    );
+    Ok(Outcome::Passed)
+}
+
+/// A job released with less of its at-least time left than the store's
+/// shortest TTL still leaves its key blocked until that time: the
+/// throwaway hold lasts the shortest TTL rather than not at all.
+pub async fn job_at_least_blocks_to_its_last_millisecond(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let ttl = short_ttl(&b);
+    let least = ttl * 2;
+    let m = manager(&b, ttl)?;
+    let k = key("job-at-least-last");
+    let other = f.open().await?;
+    let asked = Instant::now();
+    let g = m.acquire(&k, LockOptions::new().at_least(least)).await;
+    let g = g.map_err(err)?.ok_or("no guard for a waiting acquire")?;
+    let end = asked + least;
+    tokio::time::sleep_until(end - Duration::from_millis(5)).await;
+    g.release().await.map_err(err)?;
+    let free = is_free(&other, &k, ttl).await?;
+    let replied = Instant::now();
+    if free && replied >= end {
+        return Err(format!(
+            "{INCONCLUSIVE}: the release and the probe took past the at-least time"
+        ));
+    }
+    ensure!(
+        !free,
+        "the key was free {:?} before its at-least time of {least:?} ran out, released \
+         with 5 ms of it left",
+        end - replied
     );
     Ok(Outcome::Passed)
 }
