@@ -5,8 +5,8 @@
 //! own that takes the write lock before it reads anything (so no write works
 //! on a stale snapshot); a batch of renewals shares one `BEGIN IMMEDIATE`
 //! transaction, and so does a batch acquisition (`CasMulti`). WAL
-//! journaling and a busy timeout. Expiry is judged by SQLite's own clock
-//! (`julianday('now')`), which every process on the machine shares.
+//! journaling and a busy timeout. Expiry is judged by SQLite's own clock (`julianday('now')`, whole
+//! ms, shared by every process on the machine); a hold ends once it reads past `expires_at`.
 //! Fences come from a one-row counter table that a trigger advances in the
 //! same statement as the acquisition, and are at least the clock in µs, so
 //! they stay above fences whose commits an OS crash lost (`synchronous` is
@@ -340,8 +340,8 @@ async fn renew_tx(
     Ok(out)
 }
 
-/// Milliseconds since the epoch by SQLite's clock.
-const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+/// Milliseconds since the epoch by SQLite's clock (rounded: the float is a hair low half the time).
+const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
 
 #[derive(Clone)]
 struct Statements {
@@ -426,8 +426,8 @@ impl Statements {
         let next = next_fence(seq);
         let (take_if, live) = match observed {
             false => (
-                format!("{t}.expires_at <= {NOW}"),
-                format!("expires_at > {NOW}"),
+                format!("{t}.expires_at < {NOW}"),
+                format!("expires_at >= {NOW}"),
             ),
             true => (
                 format!("{t}.owner = ?4 AND {t}.version = ?5"),

@@ -57,7 +57,7 @@ impl QueueSql {
                     "SELECT ?1, ?2, {next}, {NOW} + ?3, {NOW}, 1, ?3 WHERE NOT EXISTS \
                      (SELECT 1 FROM {q} WHERE key = ?1 AND alive_until > {NOW})"
                 ),
-                &format!("{t}.expires_at <= {NOW}"),
+                &format!("{t}.expires_at < {NOW}"),
             ),
             place: format!(
                 "INSERT INTO {q} (key, owner, alive_until) VALUES (?1, ?2, {NOW} + ?3) \
