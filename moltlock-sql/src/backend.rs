@@ -220,6 +220,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         ttl: Duration,
     ) -> Result<CasOutcome, Error> {
         D::check_key(key)?;
+        check_longest(ttl)?;
         let (db, w) = (&self.inner, Write { key, new, ttl });
         match expected {
             None => self.run(D::acquire(db, w)).await,
@@ -282,6 +283,7 @@ impl<D: Dialect> CasMulti for SqlBackend<D> {
             D::check_key(key)?;
         }
         multi::check_distinct(keys)?;
+        check_longest(ttl)?;
         if keys.is_empty() {
             return Ok(MultiOutcome::of_no_keys(mode));
         }
@@ -364,4 +366,13 @@ impl<D: Dialect> RaiseFence for SqlBackend<D> {
         D::check_key(key)?;
         self.run(D::raise_fence(&self.inner, key, floor)).await
     }
+}
+
+/// Refuses a TTL above core's longest, as the manager does: past it the
+/// expiry arithmetic in the statements overflows.
+fn check_longest(ttl: Duration) -> Result<(), Error> {
+    if ttl > moltlock_core::MAX_TTL {
+        return moltlock_core::check_ttl(ttl, Duration::ZERO);
+    }
+    Ok(())
 }

@@ -240,3 +240,39 @@ async fn a_new_locks_table_is_without_rowid() {
             .unwrap();
     assert!(sql.contains("WITHOUT ROWID"), "{sql}");
 }
+
+/// A TTL above core's longest is refused by the backend itself, with the
+/// typed error the manager gives, and writes nothing (the statements'
+/// expiry arithmetic would overflow).
+#[tokio::test]
+async fn a_ttl_above_the_longest_is_refused_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = dir.path().join("ttl.db").display().to_string();
+    let b = SqliteBackend::from_url(&url).await.unwrap();
+    let key: moltlock_core::LockKey = "huge-ttl".parse().unwrap();
+    let token = moltlock_core::Token::random();
+    let too_long = moltlock_core::MAX_TTL + std::time::Duration::from_millis(1);
+    for ttl in [too_long, std::time::Duration::MAX] {
+        let res = b.cas(&key, None, &token, ttl).await;
+        assert!(
+            matches!(res, Err(Error::InvalidTtl { .. })),
+            "{ttl:?}: {res:?}"
+        );
+        let keys = std::slice::from_ref(&key);
+        let multi = BackendExt::cas_multi(&b, keys, &token, ttl, moltlock_core::MultiMode::All);
+        let multi = multi.await;
+        assert!(
+            matches!(multi, Err(Error::InvalidTtl { .. })),
+            "{ttl:?}: {multi:?}"
+        );
+    }
+    let free = b
+        .cas(&key, None, &token, moltlock_core::MAX_TTL)
+        .await
+        .unwrap();
+    assert!(
+        matches!(free, moltlock_core::CasOutcome::Acquired { .. }),
+        "{free:?}"
+    );
+    assert!(b.delete(&key, &token).await.unwrap());
+}
