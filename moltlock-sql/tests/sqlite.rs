@@ -276,3 +276,41 @@ async fn a_ttl_above_the_longest_is_refused_and_writes_nothing() {
     );
     assert!(b.delete(&key, &token).await.unwrap());
 }
+
+/// No hold ends before its TTL, counted from the send of its request: a
+/// second handle that polls the key finds it free only once its probe's
+/// reply comes after that. (SQLite's clock reads whole ms, and read through
+/// a float it came out a ms low about half the time: holds ended up to
+/// 2 ms early.) Polling can only find the key free late, never early, so
+/// a loaded machine cannot fail this.
+#[tokio::test]
+async fn no_hold_ends_before_its_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = dir.path().join("ttl.db").display().to_string();
+    let holder = SqliteBackend::from_url(&url).await.unwrap();
+    let prober = SqliteBackend::from_url(&url).await.unwrap();
+    let ttl = std::time::Duration::from_millis(30);
+    for round in 0..60 {
+        let key: moltlock_core::LockKey = format!("ttl-{round}").parse().unwrap();
+        let token = moltlock_core::Token::random();
+        let sent = tokio::time::Instant::now();
+        let got = holder.cas(&key, None, &token, ttl).await.unwrap();
+        assert!(
+            matches!(got, moltlock_core::CasOutcome::Acquired { .. }),
+            "{got:?}"
+        );
+        let probe = moltlock_core::Token::random();
+        loop {
+            let seen = prober.cas(&key, None, &probe, ttl).await.unwrap();
+            let replied = tokio::time::Instant::now();
+            if let moltlock_core::CasOutcome::Acquired { .. } = seen {
+                let early = (sent + ttl).saturating_duration_since(replied);
+                assert!(
+                    early.is_zero(),
+                    "round {round}: free {early:?} before its TTL"
+                );
+                break;
+            }
+        }
+    }
+}
