@@ -202,12 +202,7 @@ pub(crate) async fn linger(
     let throwaway = Token::random();
     match inner
         .backend
-        .cas(
-            key,
-            Some(token),
-            &throwaway,
-            linger_ttl(left, inner.backend.limits()),
-        )
+        .cas(key, Some(token), &throwaway, linger_ttl(left))
         .await?
     {
         CasOutcome::Acquired { .. } => {
@@ -223,16 +218,16 @@ pub(crate) async fn linger(
 /// The throwaway hold's TTL for an at-least time with `left` to run: in
 /// whole milliseconds rounded up, and one more, so that a store which
 /// counts a TTL in whole milliseconds from a clock read to the millisecond
-/// below does not free the key before the at-least time. At least the
-/// store's shortest TTL (blocking a little longer is allowed, freeing early
-/// is not), at most [`MAX_TTL`](crate::MAX_TTL) (an at-least time of the
-/// longest TTL may end up to a millisecond short).
-fn linger_ttl(left: Duration, limits: crate::Limits) -> Duration {
+/// below does not free the key before the at-least time. At least core's
+/// shortest TTL, which every backend takes (blocking a little longer is
+/// allowed, freeing early is not; a store that honours no TTL that short,
+/// as etcd's leases of whole seconds, blocks longer still); at most
+/// [`MAX_TTL`](crate::MAX_TTL) (an at-least time of the longest TTL may end
+/// up to a millisecond short).
+fn linger_ttl(left: Duration) -> Duration {
     let ms = left.as_nanos().div_ceil(1_000_000);
     let ms = u64::try_from(ms).unwrap_or(u64::MAX);
-    Duration::from_millis(ms.saturating_add(1))
-        .max(limits.min_ttl)
-        .min(crate::MAX_TTL)
+    Duration::from_millis(ms.saturating_add(1)).clamp(crate::MIN_TTL, crate::MAX_TTL)
 }
 
 /// [`linger`] in the background, for a dropped guard (as [`spawn_release`]).
@@ -269,16 +264,10 @@ mod tests {
     #[test]
     fn a_lingering_hold_ends_no_earlier_than_its_at_least_time() {
         let ms = Duration::from_millis;
-        let limits = crate::Limits::new();
-        assert_eq!(linger_ttl(ms(1500), limits), ms(1501));
-        assert_eq!(
-            linger_ttl(Duration::from_micros(1_499_001), limits),
-            ms(1501)
-        );
-        assert_eq!(linger_ttl(Duration::from_nanos(1), limits), crate::MIN_TTL);
-        let slow = limits.with_min_ttl(Duration::from_secs(2));
-        assert_eq!(linger_ttl(ms(1500), slow), Duration::from_secs(2));
-        assert_eq!(linger_ttl(Duration::MAX, limits), crate::MAX_TTL);
-        assert_eq!(linger_ttl(crate::MAX_TTL, limits), crate::MAX_TTL);
+        assert_eq!(linger_ttl(ms(1500)), ms(1501));
+        assert_eq!(linger_ttl(Duration::from_micros(1_499_001)), ms(1501));
+        assert_eq!(linger_ttl(Duration::from_nanos(1)), crate::MIN_TTL);
+        assert_eq!(linger_ttl(Duration::MAX), crate::MAX_TTL);
+        assert_eq!(linger_ttl(crate::MAX_TTL), crate::MAX_TTL);
     }
 }

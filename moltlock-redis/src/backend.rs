@@ -260,7 +260,7 @@ impl RedisBackend {
                     "the Redis restart quarantine is {q:?}, shorter than this TTL: after a \
                      restart another client could be granted the key while this holder still \
                      believes it holds it; raise restart_quarantine to at least the TTL, \
-                     or turn it off with 0 for a durable Redis"
+                     or turn it off (restart_quarantine=0s) for a durable Redis"
                 ),
             }),
             _ => Ok(()),

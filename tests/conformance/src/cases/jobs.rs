@@ -54,8 +54,8 @@ pub async fn job_at_least_blocks_after_an_early_release(f: Factory) -> CaseResul
     Ok(Outcome::Passed)
 }
 
-/// A job released with less of its at-least time left than the store's
-/// shortest TTL still leaves its key blocked until that time: the
+/// A job released with less of its at-least time left than the shortest
+/// TTL (10 ms) still leaves its key blocked until that time: the
 /// throwaway hold lasts the shortest TTL rather than not at all.
 pub async fn job_at_least_blocks_to_its_last_millisecond(f: Factory) -> CaseResult {
     let b = f.open().await?;
