@@ -71,8 +71,9 @@ pub enum Floor {
     Sqlite {
         /// A pool of its own.
         pool: SqlitePool,
-        /// Its file (none in memory), removed by [`Floor::cleanup`].
-        file: Option<std::path::PathBuf>,
+        /// Its file, removed by [`Floor::cleanup`] (an in-memory
+        /// database's name names no file, and nothing is removed).
+        file: std::path::PathBuf,
     },
     /// MySQL or MariaDB: a raw pool.
     Mysql {
@@ -260,9 +261,9 @@ impl Floor {
             }
             Self::Postgres { pool } => drop_table(pool.execute(sql::DROP.as_str())).await,
             Self::Sqlite { pool, file } => {
-                drop_table(pool.execute(sql::DROP.as_str())).await?;
+                let dropped = drop_table(pool.execute(sql::DROP.as_str())).await;
                 pool.close().await;
-                file.as_deref().map_or(Ok(()), remove_database)
+                dropped.and(remove_database(file))
             }
             Self::Mysql { pool } => drop_table(pool.execute(sql::DROP.as_str())).await,
         }
@@ -274,18 +275,11 @@ impl Floor {
 /// by cycle, and on one file each commit of one side makes the other
 /// side's connections read their pages again, a cost neither would have
 /// on its own.
-fn own_file(
-    opts: SqliteConnectOptions,
-    run: &str,
-) -> (SqliteConnectOptions, Option<std::path::PathBuf>) {
-    let file = opts.get_filename();
-    if file == std::path::Path::new(":memory:") {
-        return (opts, None);
-    }
-    let mut name = file.as_os_str().to_owned();
+fn own_file(opts: SqliteConnectOptions, run: &str) -> (SqliteConnectOptions, std::path::PathBuf) {
+    let mut name = opts.get_filename().as_os_str().to_owned();
     name.push(format!("-floor-{run}"));
     let file = std::path::PathBuf::from(name);
-    (opts.filename(&file).create_if_missing(true), Some(file))
+    (opts.filename(&file).create_if_missing(true), file)
 }
 
 /// Removes a closed SQLite database: its file and the WAL's two.

@@ -218,17 +218,21 @@ pub(crate) async fn linger(
 /// The throwaway hold's TTL for an at-least time with `left` to run: in
 /// whole milliseconds rounded up, and one more, so that a store which
 /// counts a TTL in whole milliseconds from a clock read to the millisecond
-/// below does not free the key before the at-least time. At least core's
-/// shortest TTL, which every backend takes (blocking a little longer is
-/// allowed, freeing early is not; a store that honours no TTL that short,
-/// as etcd's leases of whole seconds, blocks longer still); at most
-/// [`MAX_TTL`](crate::MAX_TTL) (an at-least time of the longest TTL may end
-/// up to a millisecond short).
+/// below does not free the key before the at-least time. At least
+/// [`LINGER_FLOOR`]; at most [`MAX_TTL`](crate::MAX_TTL) (an at-least time
+/// of the longest TTL may end up to a millisecond short).
 fn linger_ttl(left: Duration) -> Duration {
     let ms = left.as_nanos().div_ceil(1_000_000);
     let ms = u64::try_from(ms).unwrap_or(u64::MAX);
-    Duration::from_millis(ms.saturating_add(1)).clamp(crate::MIN_TTL, crate::MAX_TTL)
+    Duration::from_millis(ms.saturating_add(1)).clamp(LINGER_FLOOR, crate::MAX_TTL)
 }
+
+/// The shortest throwaway hold, however little of the at-least time is
+/// left: blocking the key a little past that time is allowed, freeing it
+/// before is not, and a store must be able to grant the throwaway in time
+/// (a quorum counts only the members' replies that come within the TTL;
+/// a backend may refuse TTLs below its own shortest, 10 ms or more).
+const LINGER_FLOOR: Duration = Duration::from_millis(100);
 
 /// [`linger`] in the background, for a dropped guard (as [`spawn_release`]).
 pub(crate) fn spawn_linger(inner: &Arc<Inner>, key: LockKey, token: Token, left: Duration) {
@@ -266,7 +270,8 @@ mod tests {
         let ms = Duration::from_millis;
         assert_eq!(linger_ttl(ms(1500)), ms(1501));
         assert_eq!(linger_ttl(Duration::from_micros(1_499_001)), ms(1501));
-        assert_eq!(linger_ttl(Duration::from_nanos(1)), crate::MIN_TTL);
+        assert_eq!(linger_ttl(Duration::from_nanos(1)), LINGER_FLOOR);
+        assert_eq!(linger_ttl(ms(99)), LINGER_FLOOR);
         assert_eq!(linger_ttl(Duration::MAX), crate::MAX_TTL);
         assert_eq!(linger_ttl(crate::MAX_TTL), crate::MAX_TTL);
     }

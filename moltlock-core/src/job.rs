@@ -89,7 +89,7 @@ impl Terms {
 
     /// What is left of `at_least`, `elapsed` after the acquire request
     /// (`None` once it has passed). However little is left, the key stays
-    /// blocked for it: the throwaway hold then lasts core's shortest TTL.
+    /// blocked for it: the throwaway hold then lasts 100 ms.
     pub(crate) fn at_least_left(&self, elapsed: Duration) -> Option<Duration> {
         let left = self.job.at_least?.saturating_sub(elapsed);
         (!left.is_zero()).then_some(left)

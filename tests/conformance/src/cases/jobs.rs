@@ -54,9 +54,11 @@ pub async fn job_at_least_blocks_after_an_early_release(f: Factory) -> CaseResul
     Ok(Outcome::Passed)
 }
 
-/// A job released with less of its at-least time left than the shortest
-/// TTL (10 ms) still leaves its key blocked until that time: the
-/// throwaway hold lasts the shortest TTL rather than not at all.
+/// A job released with a few milliseconds of its at-least time left still
+/// leaves its key blocked until that time: the throwaway hold lasts a
+/// short while past it rather than not at all. (A probe that comes only
+/// after the at-least time and finds the key free judges nothing: the
+/// attempt is inconclusive.)
 pub async fn job_at_least_blocks_to_its_last_millisecond(f: Factory) -> CaseResult {
     let b = f.open().await?;
     let ttl = short_ttl(&b);
