@@ -14,6 +14,18 @@ fn bench() -> Command {
     Command::new(env!("CARGO_BIN_EXE_moltlock-bench"))
 }
 
+/// Runs the harness as `cmd` says; it must exit successfully (its stderr
+/// in the failure).
+fn succeeds(cmd: &mut Command) -> std::process::Output {
+    let out = match cmd.output() {
+        Ok(out) => out,
+        Err(e) => panic!("run moltlock-bench: {e}"),
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}\n{stderr}", out.status);
+    out
+}
+
 const TINY: [&str; 18] = [
     "--duration",
     "150ms",
@@ -225,9 +237,8 @@ fn every_store_end_to_end_as_json_with_peers_and_chart() {
         .arg("--json")
         .arg("--svg")
         .arg(&svg);
-    let out = cmd.output().expect("run moltlock-bench");
+    let out = succeeds(&mut cmd);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "exit {:?}\n{stderr}", out.status);
     let report: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
     let backends = report["backends"].as_array().expect("backends");
     assert_eq!(backends.len(), urls.len(), "{stderr}");
@@ -251,18 +262,8 @@ fn every_store_end_to_end_as_json_with_peers_and_chart() {
 #[test]
 fn markdown_has_every_section() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let out = bench()
-        .arg("--url")
-        .arg(sqlite_url(&dir))
-        .args(TINY)
-        .output()
-        .expect("run moltlock-bench");
+    let out = succeeds(bench().arg("--url").arg(sqlite_url(&dir)).args(TINY));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     for section in [
         "### Summary",
         "| sqlite | ",
@@ -310,13 +311,11 @@ fn only_the_sections_asked_for() {
     for u in &urls {
         cmd.arg("--url").arg(u);
     }
-    let out = cmd
-        .args(TINY)
-        .args(["--only", "semaphore,lock-all", "--json"])
-        .output()
-        .expect("run moltlock-bench");
+    let out = succeeds(
+        cmd.args(TINY)
+            .args(["--only", "semaphore,lock-all", "--json"]),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "exit {:?}\n{stderr}", out.status);
     let report: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
     let sections = &report["settings"]["sections"];
     assert_eq!(sections, &serde_json::json!(["semaphore", "lock-all"]));
@@ -370,15 +369,7 @@ fn counting_wrapper_exposes_the_inner_extensions() {
 fn the_memory_probe_sees_what_holds_cost() {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}", dir.path().join("probe.db").display());
-    let out = bench()
-        .args(["--url", &url, "--memory-probe", "--locks", "4000"])
-        .output()
-        .expect("run the probe");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeeds(bench().args(["--url", &url, "--memory-probe", "--locks", "4000"]));
     let text = String::from_utf8_lossy(&out.stdout);
     let bytes: f64 = text.trim().parse().expect("a number");
     assert!(
@@ -421,23 +412,8 @@ async fn a_run_leaves_no_rows_in_the_sql_tables() {
     for url in urls {
         let run = format!("smoke{}", std::process::id());
         let prefix = format!("bench/{run}/");
-        let probe = bench()
-            .args([
-                "--url",
-                &url,
-                "--memory-probe",
-                "--run-id",
-                &run,
-                "--locks",
-                "6",
-            ])
-            .output()
-            .expect("run the probe");
-        assert!(
-            probe.status.success(),
-            "{}",
-            String::from_utf8_lossy(&probe.stderr)
-        );
+        let probe = ["--memory-probe", "--locks", "6"];
+        succeeds(bench().args(["--url", &url, "--run-id", &run]).args(probe));
         let before = rows_left(&url, &prefix).await.expect("count the rows");
         assert!(before > 0, "{url}: the probe left no rows to clean");
         let args = [
@@ -450,16 +426,7 @@ async fn a_run_leaves_no_rows_in_the_sql_tables() {
             "--duration",
             "100ms",
         ];
-        let out = bench()
-            .args(args)
-            .args(["--locks", "0"])
-            .output()
-            .expect("run");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        succeeds(bench().args(args).args(["--locks", "0"]));
         let after = rows_left(&url, &prefix).await.expect("count the rows");
         assert_eq!(after, 0, "{url}: rows left after the run");
     }
