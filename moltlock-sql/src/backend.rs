@@ -322,7 +322,8 @@ impl<D: Dialect> Inspect for SqlBackend<D> {
     }
 }
 
-/// Postgres: one `UPDATE … FROM unnest(…)`. SQLite: one `BEGIN IMMEDIATE`
+/// A batch with a key or TTL out of range is refused whole, before any
+/// statement. Postgres: one `UPDATE … FROM unnest(…)`. SQLite: one `BEGIN IMMEDIATE`
 /// transaction (one fsync), one statement per 8,000 holds of a TTL. MySQL:
 /// one `UPDATE` and one read per 500 holds of a TTL.
 ///
@@ -336,6 +337,10 @@ impl<D: Dialect> Inspect for SqlBackend<D> {
 #[async_trait]
 impl<D: Dialect> RenewMany for SqlBackend<D> {
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
+        for item in items {
+            D::check_key(&item.key)?;
+            check_longest(item.ttl)?;
+        }
         self.run(D::renew_many(&self.inner, items)).await
     }
 }
@@ -370,7 +375,7 @@ impl<D: Dialect> RaiseFence for SqlBackend<D> {
 
 /// Refuses a TTL above core's longest, as the manager does: past it the
 /// expiry arithmetic in the statements overflows.
-fn check_longest(ttl: Duration) -> Result<(), Error> {
+pub(crate) fn check_longest(ttl: Duration) -> Result<(), Error> {
     if ttl > moltlock_core::MAX_TTL {
         return moltlock_core::check_ttl(ttl, Duration::ZERO);
     }

@@ -467,6 +467,7 @@ impl<D: Dialect> Drop for Place<D> {
 impl<D: Dialect> FairQueue for SqlBackend<D> {
     async fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Fence, Error> {
         D::check_key(key)?;
+        crate::backend::check_longest(ttl)?;
         self.wait_in_queue(key, token, ttl).await
     }
 }

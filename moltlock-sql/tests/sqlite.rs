@@ -266,14 +266,30 @@ async fn a_ttl_above_the_longest_is_refused_and_writes_nothing() {
             "{ttl:?}: {multi:?}"
         );
     }
-    let free = b
-        .cas(&key, None, &token, moltlock_core::MAX_TTL)
-        .await
-        .unwrap();
+    let fair = BackendExt::fair_acquire(&b, &key, &token, too_long).await;
+    assert!(matches!(fair, Err(Error::InvalidTtl { .. })), "{fair:?}");
+    assert!(
+        b.inspect(&key).await.unwrap().is_none(),
+        "the key was written"
+    );
+    let ttl = std::time::Duration::from_secs(30);
+    let free = b.cas(&key, None, &token, ttl).await.unwrap();
     assert!(
         matches!(free, moltlock_core::CasOutcome::Acquired { .. }),
         "{free:?}"
     );
+    let renew = [moltlock_core::RenewItem {
+        key: key.clone(),
+        token: token.clone(),
+        ttl: too_long,
+    }];
+    let renewed = b.renew_many(&renew).await;
+    assert!(
+        matches!(renewed, Err(Error::InvalidTtl { .. })),
+        "{renewed:?}"
+    );
+    let left = b.inspect(&key).await.unwrap().unwrap().expires_in;
+    assert!(left.is_some_and(|l| l <= ttl), "renewed anyway: {left:?}");
     assert!(b.delete(&key, &token).await.unwrap());
 }
 
