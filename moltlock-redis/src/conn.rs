@@ -134,9 +134,13 @@ async fn single(cfg: &RedisConfig, clients: &[Client]) -> Result<Conn, Error> {
         .first()
         .ok_or_else(|| Error::Config("no Redis node given".into()))?
         .clone();
+    // No response timeout of the client's own: every request is bounded
+    // by the backend's (`RedisBackend::timed`), and a second timer per
+    // request costs a timer registration, and often a wake of the
+    // runtime's timer thread, on every lock and release. A timed-out
+    // response never made the client reconnect either way.
     let manager_cfg = ConnectionManagerConfig::new()
         .set_connection_timeout(cfg.connect_timeout)
-        .set_response_timeout(cfg.request_timeout)
         .set_number_of_retries(2)
         .set_max_delay(500);
     let manager = ConnectionManager::new_with_config(client, manager_cfg)
