@@ -52,11 +52,23 @@ fn io_err(e: io::Error) -> Error {
     Error::store("file", e, true)
 }
 
-fn now_ms() -> u128 {
+fn since_epoch() -> Duration {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0)
+        .unwrap_or(Duration::ZERO)
+}
+
+/// The clock in whole ms, rounded down: a hold is live while this is below
+/// its expiry.
+fn now_ms() -> u128 {
+    since_epoch().as_millis()
+}
+
+/// When a hold written now for `ttl` expires, in ms rounded up: it stays
+/// live until the whole TTL has passed, never a fraction of a ms less.
+fn expiry_ms(ttl: Duration) -> u128 {
+    let at = since_epoch().checked_add(ttl).unwrap_or(Duration::MAX);
+    at.as_nanos().div_ceil(1_000_000)
 }
 
 /// The file of a key: its UTF-8 bytes in hex, so any valid key is a valid name.
@@ -115,7 +127,7 @@ impl Backend for FileBackend {
                 Some((token, fence, _)) if token == new.as_str() => fence,
                 _ => next_fence(dir)?,
             };
-            let expires = now_ms() + ttl.as_millis();
+            let expires = expiry_ms(ttl);
             File::create(&file)?;
             fs::write(&file, format!("{new} {fence} {expires}"))?;
             Ok(CasOutcome::Acquired {

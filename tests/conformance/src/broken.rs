@@ -147,6 +147,9 @@ impl Flawed {
         match self.flaw {
             Flaw::IgnoresTtl => now + Duration::from_secs(3600),
             Flaw::WholeSecondTtl => now + Duration::from_secs(ttl.as_secs().max(1)),
+            Flaw::EndsEarly => (now + ttl)
+                .checked_sub(Duration::from_millis(2))
+                .unwrap_or(now),
             Flaw::CoarseClock => {
                 let secs = (now + ttl).saturating_duration_since(self.epoch).as_secs();
                 self.epoch + Duration::from_secs(secs)

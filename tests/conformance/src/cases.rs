@@ -90,6 +90,7 @@ macro_rules! __cases {
                 held_reply_names_the_real_holder: "1 mutual exclusion",
                 key_expires_after_ttl: "3 expiry",
                 fractional_ttls_are_honoured: "3 expiry, 4 validity deadline",
+                no_hold_ends_before_its_promised_expiry: "3 expiry, 4 validity deadline",
                 shared_lease_reports_earliest_expiry: "4 validity deadline",
                 waiter_acquires_after_holder_stops_renewing: "3 expiry",
                 renewal_keeps_lock_past_several_ttls: "3 expiry",

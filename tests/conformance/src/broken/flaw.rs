@@ -22,6 +22,9 @@ pub enum Flaw {
     WholeSecondTtl,
     /// Expiry instants are stored in whole seconds of the store's clock.
     CoarseClock,
+    /// Holds end 2 ms before their TTL (an expiry judged by a clock read
+    /// low, or a key freed in the millisecond it expires).
+    EndsEarly,
     /// Holds of one client hang on one lease taken with its first hold, but
     /// `earliest_expiry` reports `sent_at + ttl` for every hold.
     SharedLeaseWrongBound,
@@ -154,6 +157,7 @@ impl Flaw {
         Flaw::ExpiredTakeoverReadThenWrite,
         Flaw::WholeSecondTtl,
         Flaw::CoarseClock,
+        Flaw::EndsEarly,
         Flaw::SharedLeaseWrongBound,
         Flaw::RenewsExpiredHold,
         Flaw::RenewalAddsTtl,

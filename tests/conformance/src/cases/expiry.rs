@@ -160,6 +160,72 @@ pub async fn fractional_ttls_are_honoured(f: Factory) -> CaseResult {
     }
 }
 
+/// No hold ends before the expiry its backend promised (its
+/// `earliest_expiry`, from the send of its request), not even by a
+/// millisecond: a probe polls the key from shortly before that instant, and
+/// the first probe that finds it free must be answered after it. Polling
+/// only ever finds a key free late, never early, so a slow machine cannot
+/// fail this. A store that ends holds a millisecond early fails within a
+/// few rounds: one that judges expiry by a clock read a millisecond low,
+/// frees a key in the millisecond it expires, or truncates a TTL to its
+/// unit (SQLite's float clock once did the first two about half the time).
+pub async fn no_hold_ends_before_its_promised_expiry(f: Factory) -> CaseResult {
+    let b = f.open().await?;
+    let probe = f.open().await?;
+    let ttl = b.limits().min_ttl.max(Duration::from_millis(50));
+    let rounds = if ttl <= Duration::from_millis(100) {
+        8
+    } else {
+        2
+    };
+    for round in 0..rounds {
+        let k = key(&format!("ends-early-{round}"));
+        let t = timed_acquire(&b, &k, ttl).await?;
+        first_free_after_expiry(&probe, &k, &t).await?;
+    }
+    Ok(Outcome::Passed)
+}
+
+/// Polls `key` (held as `t`) from 10 ms before its promised expiry until a
+/// probe takes it: that probe must be answered after the expiry. Every
+/// probe for the first 20 ms past the expiry goes out at once, then one
+/// every 2 ms.
+async fn first_free_after_expiry(
+    probe: &Arc<dyn Backend>,
+    key: &str,
+    t: &Timed,
+) -> Result<(), String> {
+    let k = key.parse().map_err(err)?;
+    let give_up = t.surely_gone() + Duration::from_secs(5);
+    tokio::time::sleep_until(t.expiry - Duration::from_millis(10)).await;
+    loop {
+        let token = Token::random();
+        let out = probe.cas(&k, None, &token, t.ttl).await.map_err(err)?;
+        let replied = Instant::now();
+        if matches!(out, CasOutcome::Acquired { .. }) {
+            probe.delete(&k, &token).await.map_err(err)?;
+            ensure!(
+                replied >= t.expiry,
+                "a hold of TTL {:?} was free {:?} before the earliest expiry its backend \
+                 promised ({:?} after its request was sent)",
+                t.ttl,
+                t.expiry - replied,
+                replied - t.sent
+            );
+            return Ok(());
+        }
+        ensure!(
+            replied < give_up,
+            "{INCONCLUSIVE}: the hold was still held {:?} after its promised expiry",
+            replied - t.expiry
+        );
+        match replied < t.expiry + Duration::from_millis(20) {
+            true => tokio::task::yield_now().await,
+            false => tokio::time::sleep(Duration::from_millis(2)).await,
+        }
+    }
+}
+
 /// A client that took one key half a TTL earlier takes another: the second
 /// hold stays held until the deadline its `earliest_expiry` gives (on a
 /// store whose holds hang on one lease, the lease's bound, not the request's
