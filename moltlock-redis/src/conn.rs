@@ -136,8 +136,9 @@ async fn single(cfg: &RedisConfig, clients: &[Client]) -> Result<Conn, Error> {
         .clone();
     // No response timeout of the client's own: every request is bounded
     // by the backend's (`RedisBackend::timed`), and a second timer per
-    // request costs a timer registration, and often a wake of the
-    // runtime's timer thread, on every lock and release. A timed-out
+    // request costs a timer registration, and often the wake of a parked
+    // worker thread to re-arm the runtime's timer, on every lock and
+    // release. A timed-out
     // response never made the client reconnect either way.
     let manager_cfg = ConnectionManagerConfig::new()
         .set_connection_timeout(cfg.connect_timeout)

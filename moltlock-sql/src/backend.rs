@@ -322,8 +322,10 @@ impl<D: Dialect> Inspect for SqlBackend<D> {
     }
 }
 
-/// A batch with a key or TTL out of range is refused whole, before any
-/// statement. Postgres: one `UPDATE … FROM unnest(…)`. SQLite: one `BEGIN IMMEDIATE`
+/// A batch with a TTL out of range is refused whole, before any
+/// statement; a key this database cannot store (MySQL: a trailing space)
+/// was never held here, and is answered `false` without being sent.
+/// Postgres: one `UPDATE … FROM unnest(…)`. SQLite: one `BEGIN IMMEDIATE`
 /// transaction (one fsync), one statement per 8,000 holds of a TTL. MySQL:
 /// one `UPDATE` and one read per 500 holds of a TTL.
 ///
@@ -338,10 +340,23 @@ impl<D: Dialect> Inspect for SqlBackend<D> {
 impl<D: Dialect> RenewMany for SqlBackend<D> {
     async fn renew_many(&self, items: &[RenewItem]) -> Result<Vec<bool>, Error> {
         for item in items {
-            D::check_key(&item.key)?;
             check_longest(item.ttl)?;
         }
-        self.run(D::renew_many(&self.inner, items)).await
+        let storable: Vec<bool> = items.iter().map(|i| D::check_key(&i.key).is_ok()).collect();
+        if storable.iter().all(|ok| *ok) {
+            return self.run(D::renew_many(&self.inner, items)).await;
+        }
+        let sent: Vec<RenewItem> = items
+            .iter()
+            .zip(&storable)
+            .filter(|(_, ok)| **ok)
+            .map(|(item, _)| item.clone())
+            .collect();
+        let answers = match sent.is_empty() {
+            true => Vec::new(),
+            false => self.run(D::renew_many(&self.inner, &sent)).await?,
+        };
+        Ok(merge_unsent(answers, &storable))
     }
 }
 
@@ -371,6 +386,15 @@ impl<D: Dialect> RaiseFence for SqlBackend<D> {
         D::check_key(key)?;
         self.run(D::raise_fence(&self.inner, key, floor)).await
     }
+}
+
+/// The answer for each item: the next of `answers` where `sent`, else
+/// `false`.
+fn merge_unsent(answers: Vec<bool>, sent: &[bool]) -> Vec<bool> {
+    let mut answers = answers.into_iter();
+    sent.iter()
+        .map(|was| *was && answers.next().unwrap_or(false))
+        .collect()
 }
 
 /// Refuses a TTL above core's longest, as the manager does: past it the

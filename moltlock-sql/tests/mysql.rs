@@ -55,6 +55,51 @@ async fn many_holds_stay_renewed() {
     assert_eq!(manager.held_count(), 2000);
 }
 
+/// A renewal batch with a key MySQL cannot store (a trailing space: such a
+/// key was never held here, as a quorum member may be asked to renew one
+/// its peers hold) answers `false` for it and renews the rest; a TTL above
+/// the longest refuses the whole batch, renewing nothing.
+#[tokio::test]
+async fn a_key_mysql_cannot_store_is_answered_in_its_batch() {
+    use moltlock_core::{Backend, BackendExt, CasOutcome, LockKey, RenewItem, Token, MAX_TTL};
+    use std::time::Duration;
+    let url = url().unwrap_or_else(|e| panic!("{e}"));
+    let b = MySqlBackend::from_url(&url).await.unwrap();
+    let token = Token::random();
+    let held = LockKey::new(format!("renew-odd/{token}")).unwrap();
+    let short = Duration::from_secs(5);
+    let taken = b.cas(&held, None, &token, short).await.unwrap();
+    assert!(matches!(taken, CasOutcome::Acquired { .. }), "{taken:?}");
+    let odd = LockKey::new(format!("renew-odd/{token} ")).unwrap();
+    let item = |key: &LockKey, ttl| RenewItem {
+        key: key.clone(),
+        token: token.clone(),
+        ttl,
+    };
+    let long = Duration::from_secs(60);
+    let answers = b.renew_many(&[item(&odd, long), item(&held, long)]).await;
+    assert_eq!(answers.unwrap(), vec![false, true]);
+    let left = b.inspect(&held).await.unwrap().unwrap().expires_in.unwrap();
+    assert!(
+        left > short,
+        "the storable item was not renewed: {left:?} left"
+    );
+    let too_long = MAX_TTL + Duration::from_millis(1);
+    let refused = b
+        .renew_many(&[item(&held, short), item(&held, too_long)])
+        .await;
+    assert!(
+        matches!(refused, Err(Error::InvalidTtl { .. })),
+        "{refused:?}"
+    );
+    let left = b.inspect(&held).await.unwrap().unwrap().expires_in.unwrap();
+    assert!(
+        left > short,
+        "a refused batch renewed an item: {left:?} left"
+    );
+    assert!(b.delete(&held, &token).await.unwrap());
+}
+
 /// A release writes an expiry long past, not the server's current time, so
 /// a later backward step of the server clock cannot make the released hold
 /// look live again; the release time goes to `acquired_at`, for the sweep.

@@ -161,12 +161,12 @@ pub async fn fractional_ttls_are_honoured(f: Factory) -> CaseResult {
 }
 
 /// No hold ends before the expiry its backend promised (its
-/// `earliest_expiry`, from the send of its request), not even by a
-/// millisecond: a probe polls the key from shortly before that instant, and
-/// the first probe that finds it free must be answered after it. Polling
-/// only ever finds a key free late, never early, so a slow machine cannot
-/// fail this. A store that ends holds a millisecond early fails within a
-/// few rounds: one that judges expiry by a clock read a millisecond low,
+/// `earliest_expiry`, from the send of its request): a probe polls the key
+/// from shortly before that instant, and the first probe that finds it
+/// free must be answered after it. Polling only ever finds a key free late,
+/// never early, so a slow machine cannot fail this. A store that ends
+/// holds early by more than its request's trip to the store (a millisecond
+/// on a local one) fails within a few rounds: one that judges expiry by a clock read a millisecond low,
 /// frees a key in the millisecond it expires, or truncates a TTL to its
 /// unit (SQLite's float clock once did the first two about half the time).
 pub async fn no_hold_ends_before_its_promised_expiry(f: Factory) -> CaseResult {
@@ -187,9 +187,9 @@ pub async fn no_hold_ends_before_its_promised_expiry(f: Factory) -> CaseResult {
 }
 
 /// Polls `key` (held as `t`) from 10 ms before its promised expiry until a
-/// probe takes it: that probe must be answered after the expiry. Every
-/// probe for the first 20 ms past the expiry goes out at once, then one
-/// every 2 ms.
+/// probe takes it: that probe must be answered after the expiry. Until
+/// 20 ms past the expiry the probes follow one another with no pause, then
+/// one goes out every 2 ms.
 async fn first_free_after_expiry(
     probe: &Arc<dyn Backend>,
     key: &str,
