@@ -136,10 +136,10 @@ async fn single(cfg: &RedisConfig, clients: &[Client]) -> Result<Conn, Error> {
         .clone();
     // No response timeout of the client's own: every request is bounded
     // by the backend's (`RedisBackend::timed`), and a second timer per
-    // request costs a timer registration, and often the wake of a parked
-    // worker thread to re-arm the runtime's timer, on every lock and
-    // release. A timed-out
-    // response never made the client reconnect either way.
+    // request costs a timer registration, and at times the wake of a
+    // parked worker thread to re-arm the runtime's timer, on every lock
+    // and release. A timed-out response never made the client reconnect
+    // either way.
     let manager_cfg = ConnectionManagerConfig::new()
         .set_connection_timeout(cfg.connect_timeout)
         .set_number_of_retries(2)

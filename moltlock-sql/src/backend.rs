@@ -342,10 +342,10 @@ impl<D: Dialect> RenewMany for SqlBackend<D> {
         for item in items {
             check_longest(item.ttl)?;
         }
-        let storable: Vec<bool> = items.iter().map(|i| D::check_key(&i.key).is_ok()).collect();
-        if storable.iter().all(|ok| *ok) {
+        if items.iter().all(|i| D::check_key(&i.key).is_ok()) {
             return self.run(D::renew_many(&self.inner, items)).await;
         }
+        let storable: Vec<bool> = items.iter().map(|i| D::check_key(&i.key).is_ok()).collect();
         let sent: Vec<RenewItem> = items
             .iter()
             .zip(&storable)
@@ -356,7 +356,13 @@ impl<D: Dialect> RenewMany for SqlBackend<D> {
             true => Vec::new(),
             false => self.run(D::renew_many(&self.inner, &sent)).await?,
         };
-        Ok(merge_unsent(answers, &storable))
+        merge_unsent(answers, &storable).ok_or_else(|| {
+            Error::store(
+                D::NAME,
+                "a renewal answered a different number of holds",
+                false,
+            )
+        })
     }
 }
 
@@ -389,12 +395,17 @@ impl<D: Dialect> RaiseFence for SqlBackend<D> {
 }
 
 /// The answer for each item: the next of `answers` where `sent`, else
-/// `false`.
-fn merge_unsent(answers: Vec<bool>, sent: &[bool]) -> Vec<bool> {
+/// `false`; `None` when `answers` is not one per item sent.
+fn merge_unsent(answers: Vec<bool>, sent: &[bool]) -> Option<Vec<bool>> {
+    if answers.len() != sent.iter().filter(|was| **was).count() {
+        return None;
+    }
     let mut answers = answers.into_iter();
-    sent.iter()
-        .map(|was| *was && answers.next().unwrap_or(false))
-        .collect()
+    Some(
+        sent.iter()
+            .map(|was| *was && answers.next().unwrap_or(false))
+            .collect(),
+    )
 }
 
 /// Refuses a TTL above core's longest, as the manager does: past it the
@@ -404,4 +415,28 @@ pub(crate) fn check_longest(ttl: Duration) -> Result<(), Error> {
         return moltlock_core::check_ttl(ttl, Duration::ZERO);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_unsent;
+
+    #[test]
+    fn unsent_items_are_answered_false_in_place() {
+        let sent = [false, true, false, true];
+        assert_eq!(
+            merge_unsent(vec![true, false], &sent),
+            Some(vec![false, true, false, false])
+        );
+        assert_eq!(
+            merge_unsent(vec![], &[false, false]),
+            Some(vec![false, false])
+        );
+    }
+
+    #[test]
+    fn answers_that_do_not_match_the_items_sent_are_refused() {
+        assert_eq!(merge_unsent(vec![true], &[true, false, true]), None);
+        assert_eq!(merge_unsent(vec![true, true], &[false, true]), None);
+    }
 }

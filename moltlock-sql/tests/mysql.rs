@@ -77,6 +77,15 @@ async fn a_key_mysql_cannot_store_is_answered_in_its_batch() {
         ttl,
     };
     let long = Duration::from_secs(60);
+    // Alone: were it sent, MySQL would match it to `held` (same token,
+    // trailing spaces ignored) and renew that.
+    let alone = b.renew_many(&[item(&odd, long)]).await;
+    assert_eq!(alone.unwrap(), vec![false]);
+    let left = b.inspect(&held).await.unwrap().unwrap().expires_in.unwrap();
+    assert!(
+        left <= short,
+        "the unstorable key renewed another: {left:?} left"
+    );
     let answers = b.renew_many(&[item(&odd, long), item(&held, long)]).await;
     assert_eq!(answers.unwrap(), vec![false, true]);
     let left = b.inspect(&held).await.unwrap().unwrap().expires_in.unwrap();

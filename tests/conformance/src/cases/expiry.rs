@@ -165,10 +165,11 @@ pub async fn fractional_ttls_are_honoured(f: Factory) -> CaseResult {
 /// from shortly before that instant, and the first probe that finds it
 /// free must be answered after it. Polling only ever finds a key free late,
 /// never early, so a slow machine cannot fail this. A store that ends
-/// holds early by more than its request's trip to the store (a millisecond
-/// on a local one) fails within a few rounds: one that judges expiry by a clock read a millisecond low,
-/// frees a key in the millisecond it expires, or truncates a TTL to its
-/// unit (SQLite's float clock once did the first two about half the time).
+/// holds early by more than about one round trip (the hold's request on
+/// its way in, the probe's reply on its way back; under a millisecond on
+/// a local store) fails within a few rounds, as SQLite's statements did
+/// when a float read of its clock came out a millisecond low and a key
+/// was freed in the millisecond it expired.
 pub async fn no_hold_ends_before_its_promised_expiry(f: Factory) -> CaseResult {
     let b = f.open().await?;
     let probe = f.open().await?;
@@ -188,8 +189,8 @@ pub async fn no_hold_ends_before_its_promised_expiry(f: Factory) -> CaseResult {
 
 /// Polls `key` (held as `t`) from 10 ms before its promised expiry until a
 /// probe takes it: that probe must be answered after the expiry. Until
-/// 20 ms past the expiry the probes follow one another with no pause, then
-/// one goes out every 2 ms.
+/// 20 ms past the expiry each probe follows the last one's reply with no
+/// pause, then 2 ms after it.
 async fn first_free_after_expiry(
     probe: &Arc<dyn Backend>,
     key: &str,
