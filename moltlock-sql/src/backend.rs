@@ -375,6 +375,7 @@ impl<D: Dialect> RenewMany for SqlBackend<D> {
 #[async_trait]
 impl<D: Dialect> Describe for SqlBackend<D> {
     async fn describe(&self, key: &LockKey, owner: &Token, text: &str) -> Result<bool, Error> {
+        D::check_key(key)?;
         self.run(D::describe(&self.inner, key, owner, text)).await
     }
 }

@@ -93,6 +93,13 @@ async fn a_key_mysql_cannot_store_is_answered_in_its_batch() {
         left > short,
         "the storable item was not renewed: {left:?} left"
     );
+    // Nor is a description of it written on the key without the space.
+    let described = b.describe(&odd, &token, "not mine").await;
+    assert!(
+        matches!(described, Err(Error::InvalidKey { .. })),
+        "{described:?}"
+    );
+    assert_eq!(b.inspect(&held).await.unwrap().unwrap().description, None);
     let too_long = MAX_TTL + Duration::from_millis(1);
     let refused = b
         .renew_many(&[item(&held, short), item(&held, too_long)])
