@@ -4,7 +4,9 @@
 use moltlock_core::BackendExt;
 use std::time::Duration;
 
-use moltlock_core::{Backend, Error, LockKey, LockManager, LostReason, Token};
+use moltlock_core::{
+    Backend, CasOutcome, Error, LockKey, LockManager, LostReason, RenewItem, Token,
+};
 use moltlock_fixtures::redis as fx;
 use moltlock_redis::{RedisBackend, RedisConfig};
 use tokio::time::Instant;
@@ -134,6 +136,55 @@ async fn dead_server_is_unavailable_then_recovers() -> TestResult {
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// A paused server (SIGSTOP) answers nothing: an acquisition and a renewal
+/// batch each end within the request timeout with a retryable error. Once
+/// it resumes, the requests sent meanwhile may still land, and each later
+/// request gets its own reply, not a late one of a request that timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_server_times_requests_out_and_recovers() -> TestResult {
+    let redis = fx::start_owned()?;
+    let backend = RedisBackend::connect(fast(&redis.url())?).await?;
+    let (held, token, ttl) = (
+        LockKey::new("paused/held")?,
+        Token::random(),
+        Duration::from_secs(30),
+    );
+    let taken = backend.cas(&held, None, &token, ttl).await?;
+    assert!(matches!(taken, CasOutcome::Acquired { .. }), "{taken:?}");
+    redis.server.pause()?;
+    let bound = Duration::from_millis(500) + Duration::from_millis(1500);
+    let other = LockKey::new("paused/other")?;
+    let stranger = Token::random();
+    let acquire = backend.cas(&other, None, &stranger, ttl);
+    let err = tokio::time::timeout(bound, acquire)
+        .await
+        .map_err(|_| format!("the acquisition was still waiting after {bound:?}"))?
+        .err()
+        .ok_or("a paused server granted a lock")?;
+    assert!(err.is_retryable(), "{err:?}");
+    let item = RenewItem {
+        key: held.clone(),
+        token: token.clone(),
+        ttl,
+    };
+    let renewal = backend.renew_many(std::slice::from_ref(&item));
+    let err = tokio::time::timeout(bound, renewal)
+        .await
+        .map_err(|_| format!("the renewal was still waiting after {bound:?}"))?
+        .err()
+        .ok_or("a paused server renewed a hold")?;
+    assert!(err.is_retryable(), "{err:?}");
+    redis.server.resume()?;
+    let someone = backend.cas(&held, None, &Token::random(), ttl).await?;
+    match someone {
+        CasOutcome::Held(h) => assert_eq!(h.holder, Some(token.clone())),
+        CasOutcome::Acquired { .. } => return Err("a held key was granted again".into()),
+    }
+    assert_eq!(backend.renew_many(&[item]).await?, vec![true]);
+    assert!(backend.delete(&held, &token).await?);
+    Ok(())
 }
 
 #[tokio::test]

@@ -342,10 +342,10 @@ impl<D: Dialect> RenewMany for SqlBackend<D> {
         for item in items {
             check_longest(item.ttl)?;
         }
-        if items.iter().all(|i| D::check_key(&i.key).is_ok()) {
+        let storable: Vec<bool> = items.iter().map(|i| D::check_key(&i.key).is_ok()).collect();
+        if storable.iter().all(|ok| *ok) {
             return self.run(D::renew_many(&self.inner, items)).await;
         }
-        let storable: Vec<bool> = items.iter().map(|i| D::check_key(&i.key).is_ok()).collect();
         let sent: Vec<RenewItem> = items
             .iter()
             .zip(&storable)
