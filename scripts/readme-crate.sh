@@ -17,6 +17,10 @@ export CARGO_PROFILE_DEV_DEBUG=false
 out="$CARGO_TARGET_DIR/readme-crates"
 rm -rf "$out"
 mkdir -p "$out"
+# The examples keep their SQLite files in the temporary directory, as a
+# reader's would: here one of the run's own, removed at the end.
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
 
 # One directory per dependency block: deps.toml and examples/readme_<line>.rs.
 awk -v out="$out" '
@@ -56,7 +60,7 @@ for crate in "$out"/crate_*; do
   for example in "$crate"/examples/*.rs; do
     example=$(basename "$example" .rs)
     echo "README.md line ${example#readme_}, with the dependencies of line ${name#crate-}:"
-    (cd "$crate" && cargo run --quiet --example "$example")
+    (cd "$crate" && TMPDIR="$scratch" cargo run --quiet --example "$example")
     ran=$((ran + 1))
   done
 done
