@@ -121,14 +121,16 @@ impl Flawed {
         if self.has(Flaw::KeyCaseInsensitive) {
             return key.to_lowercase();
         }
-        if self.has(Flaw::KeyTruncated) && key.len() > 191 {
-            let mut end = 191;
-            while !key.is_char_boundary(end) {
-                end -= 1;
-            }
-            return key[..end].to_owned();
+        let width = match self.flaw {
+            Flaw::KeyTruncated => 191,
+            Flaw::KeyFixedWidth => 32,
+            _ => key.len(),
+        };
+        let mut end = width.min(key.len());
+        while !key.is_char_boundary(end) {
+            end -= 1;
         }
-        key.to_owned()
+        key[..end].to_owned()
     }
 
     fn same(&self, a: &Token, b: &Token) -> bool {
@@ -213,13 +215,14 @@ impl Flawed {
         let revive = self.has(Flaw::RenewsExpiredHold) && expected.is_some();
         let current: Option<Token> = match seen {
             Some(s) => s,
+            None if self.has(Flaw::TakesHeldKey) && expected.is_none() => None,
             None if revive => entry.as_ref().map(|e| e.holder.clone()),
             None => live.as_ref().map(|e| e.holder.clone()),
         };
         let foreign_renewal = self.has(Flaw::RenewsForeignToken) && expected == Some(new);
         let matches = match (&current, expected) {
             (None, None) => true,
-            (Some(h), Some(x)) => self.same(h, x),
+            (Some(h), Some(x)) => self.same(h, x) || self.has(Flaw::CasIgnoresExpected),
             _ => false,
         };
         if !matches && !foreign_renewal {

@@ -40,15 +40,35 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
             "rw_dead_reader_frees_only_its_slot",
             "lock_all_timeout_is_cumulative",
         ],
+        Flaw::TakesHeldKey => &[
+            "try_lock_on_held_key_returns_none",
+            "dropped_waiter_leaves_no_hold",
+            "job_at_least_blocks_to_its_last_millisecond",
+        ],
+        Flaw::CasIgnoresExpected => &["cas_with_wrong_expected_changes_nothing"],
         Flaw::RepeatingFence => &[
             "fences_increase_across_release",
+            "fences_increase_across_expiry",
+            "fences_increase_across_clients",
+            "fenced_resource_refuses_stale_holder",
+            "raise_fence_lifts_later_fences",
+            "mutual_exclusion_across_clients",
             "hand_over_gives_a_fresh_fence",
             "semaphore_fences_rise_per_slot",
             "election_has_one_leader_under_churn",
+            "election_cut_off_leader_knows_before_a_successor_leads",
+            "election_observe_sees_every_term",
         ],
-        Flaw::RenewsForeignToken => &["renew_with_foreign_token_changes_nothing"],
+        Flaw::RenewsForeignToken => &[
+            "renew_with_foreign_token_changes_nothing",
+            "lost_fires_when_key_deleted_behind_holder",
+            "lost_callback_is_called",
+        ],
         Flaw::ExpiredTakeoverReadThenWrite => &["expired_key_race_has_one_winner"],
-        Flaw::WholeSecondTtl => &["fractional_ttls_are_honoured"],
+        Flaw::WholeSecondTtl => &[
+            "fractional_ttls_are_honoured",
+            "lost_fires_before_store_expiry_when_cut_off",
+        ],
         Flaw::CoarseClock => &["fractional_ttls_are_honoured"],
         Flaw::EndsEarly => &["no_hold_ends_before_its_promised_expiry"],
         Flaw::SharedLeaseWrongBound => &["shared_lease_reports_earliest_expiry"],
@@ -76,6 +96,7 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
             "lock_all_lost_fires_when_any_key_is_lost",
         ],
         Flaw::WatchSubscribesLazily => &["watch_subscribes_before_it_returns"],
+        Flaw::ReleaseNotAnnounced => &["release_wakes_waiter_quickly"],
         Flaw::WatchFiresOnce => &["watch_fires_for_every_release"],
         Flaw::InspectReportsFullTtl => &["inspect_and_list_are_exact"],
         Flaw::InspectShowsExpired => &[
@@ -90,6 +111,7 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
             "fair_newcomer_does_not_barge",
             "fair_newcomer_waits_behind_a_frozen_place",
         ],
+        Flaw::FairServesNewestFirst => &["fair_queue_serves_in_arrival_order"],
         Flaw::FairKeepsDroppedPlace => &["fair_dropped_waiter_leaves_the_queue"],
         Flaw::FairKeepsFrozenPlace => &["fair_frozen_waiter_loses_its_place"],
         Flaw::FairPassesAhead => &["fair_waiter_does_not_pass_a_place_ahead"],
@@ -101,6 +123,8 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
         Flaw::TokenCaseInsensitive => &["tokens_are_compared_exactly"],
         Flaw::KeyCaseInsensitive => &["keys_are_distinct_exactly"],
         Flaw::KeyTruncated => &["keys_are_distinct_exactly"],
+        Flaw::KeyFixedWidth => &["distinct_keys_do_not_conflict", "inspect_reports_holder"],
+        Flaw::LongKeysRefused => &["longest_allowed_key_and_unicode_work"],
         Flaw::HeldEchoesCaller => &["held_reply_names_the_real_holder"],
         Flaw::DescribeIgnoresOwner => &[
             "descriptions_belong_to_their_hold",
@@ -113,11 +137,16 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
         ],
         Flaw::RenewalIgnored => &[
             "renewal_keeps_lock_past_several_ttls",
+            "batch_renewal_keeps_many_locks",
             "semaphore_renewal_keeps_permits",
             "rw_writer_is_not_starved",
         ],
         Flaw::DeleteMissesKey => &[
+            "acquire_and_release",
             "dropped_guard_releases_key",
+            "duplicate_delivery_does_not_wait_on_itself",
+            "job_at_most_stops_the_holder",
+            "election_dropped_campaign_leaves_no_candidate",
             "rw_cancelled_writer_leaves_nothing",
             "lock_all_cancel_leaves_nothing",
         ],
@@ -159,6 +188,19 @@ macro_rules! catches {
             }
         )*
 
+        /// Every case of the suite is shown to fail: some flaw names it
+        /// among its killers (and [`caught`] runs it there).
+        #[test]
+        fn every_case_fails_on_some_broken_backend() {
+            let named: Vec<&str> = Flaw::ALL.iter().flat_map(|f| killers(*f).iter().copied()).collect();
+            let never: Vec<&str> = moltlock_conformance::cases::ALL
+                .iter()
+                .map(|c| c.name)
+                .filter(|n| !named.contains(n))
+                .collect();
+            assert!(never.is_empty(), "no broken backend fails {never:?}");
+        }
+
         /// Every flaw has its self-test above.
         #[test]
         fn every_flaw_has_a_self_test() {
@@ -176,6 +218,8 @@ catches! {
     catches_unconditional_delete: UnconditionalDelete,
     catches_read_then_write_cas: ReadThenWrite,
     catches_ignored_ttl: IgnoresTtl,
+    catches_take_of_a_live_hold: TakesHeldKey,
+    catches_cas_ignoring_the_expected_holder: CasIgnoresExpected,
     catches_repeating_fence: RepeatingFence,
     catches_foreign_renewal: RenewsForeignToken,
     catches_read_then_write_takeover_of_expired_hold: ExpiredTakeoverReadThenWrite,
@@ -197,6 +241,7 @@ catches! {
     catches_batch_with_one_ttl: BatchUsesFirstTtl,
     catches_batch_recreating_deleted_holds: BatchRecreatesDeleted,
     catches_lazy_watch: WatchSubscribesLazily,
+    catches_release_without_announcement: ReleaseNotAnnounced,
     catches_watch_firing_once: WatchFiresOnce,
     catches_inspect_reporting_full_ttl: InspectReportsFullTtl,
     catches_inspect_showing_expired_holds: InspectShowsExpired,
@@ -205,6 +250,7 @@ catches! {
     catches_inspect_reporting_latest_fence: InspectReportsLatestFence,
     catches_inspect_reporting_first_holder: InspectReportsFirstHolder,
     catches_fair_queue_barging: FairBarges,
+    catches_fair_queue_serving_newest_first: FairServesNewestFirst,
     catches_fair_queue_keeping_dropped_places: FairKeepsDroppedPlace,
     catches_fair_queue_keeping_frozen_places: FairKeepsFrozenPlace,
     catches_fair_waiter_passing_a_place_ahead: FairPassesAhead,
@@ -216,6 +262,8 @@ catches! {
     catches_case_insensitive_tokens: TokenCaseInsensitive,
     catches_case_insensitive_keys: KeyCaseInsensitive,
     catches_truncated_keys: KeyTruncated,
+    catches_fixed_width_keys: KeyFixedWidth,
+    catches_long_keys_refused_below_the_limit: LongKeysRefused,
     catches_held_reply_naming_caller: HeldEchoesCaller,
     catches_description_by_a_stranger: DescribeIgnoresOwner,
     catches_description_outliving_its_hold: DescriptionOutlivesHold,

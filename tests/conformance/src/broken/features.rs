@@ -76,6 +76,12 @@ impl Backend for Flawed {
         new: &Token,
         ttl: Duration,
     ) -> Result<CasOutcome, Error> {
+        if self.has(Flaw::LongKeysRefused) && key.as_str().len() > 191 {
+            return Err(Error::invalid_key(
+                key.as_str(),
+                "longer than the key column",
+            ));
+        }
         if !self.has(Flaw::LateLandingAfterCancel) {
             return Ok(self.cas_flawed(key.as_str(), expected, new, ttl).await);
         }
@@ -115,7 +121,7 @@ impl Backend for Flawed {
             });
             (ours || self.has(Flaw::UnconditionalDelete)) && st.entries.remove(&nk).is_some()
         };
-        if removed {
+        if removed && !self.has(Flaw::ReleaseNotAnnounced) {
             self.events.fire(&nk);
         }
         Ok(removed || self.has(Flaw::DeleteAlwaysTrue))
@@ -289,11 +295,16 @@ impl FairQueue for Flawed {
             let mut st = self.store();
             let q = st.queues.entry(nk.clone()).or_default();
             let ahead = q.back().map(|p| p.token.clone());
-            q.push_back(QueuePlace {
+            let place = QueuePlace {
                 token: token.clone(),
                 alive_until: Instant::now() + ttl,
                 dropped: false,
-            });
+            };
+            if self.has(Flaw::FairServesNewestFirst) {
+                q.push_front(place);
+            } else {
+                q.push_back(place);
+            }
             ahead.filter(|_| self.has(Flaw::FairPassesAhead))
         };
         let mut guard = QueueGuard {

@@ -11,6 +11,12 @@ pub enum Flaw {
     ReadThenWrite,
     /// Holds never expire.
     IgnoresTtl,
+    /// `cas(None)` takes a live hold too (an upsert that forgot the expiry
+    /// check).
+    TakesHeldKey,
+    /// `cas(Some(x))` hands a live hold over whoever holds it (it checks
+    /// only that the key is held).
+    CasIgnoresExpected,
     /// Every acquisition gets fence 1.
     RepeatingFence,
     /// Renewal succeeds whatever token asks.
@@ -61,6 +67,9 @@ pub enum Flaw {
     BatchRecreatesDeleted,
     /// `watch()` subscribes only when `released()` is first awaited.
     WatchSubscribesLazily,
+    /// `delete` announces nothing: a waiter learns of a release only when
+    /// it looks again.
+    ReleaseNotAnnounced,
     /// A watch resolves once, then never again.
     WatchFiresOnce,
     /// `inspect` reports the full TTL as time left, always.
@@ -79,6 +88,8 @@ pub enum Flaw {
     InspectReportsFirstHolder,
     /// A fair acquisition first tries to take a free key directly.
     FairBarges,
+    /// The fair queue serves its newest place first (sorted the wrong way).
+    FairServesNewestFirst,
     /// A dropped fair waiter's queue place stays until its TTL.
     FairKeepsDroppedPlace,
     /// A fair waiter that stopped looking (a crash, a long pause) keeps its
@@ -106,6 +117,11 @@ pub enum Flaw {
     KeyCaseInsensitive,
     /// Keys are truncated to 191 bytes (a `VARCHAR(191)` column).
     KeyTruncated,
+    /// Keys are filed by their first 32 bytes (a fixed-width key column).
+    KeyFixedWidth,
+    /// Keys above 191 bytes are refused, though the declared limit is
+    /// longer (a `VARCHAR(191)` column the limits do not tell of).
+    LongKeysRefused,
     /// A refused `cas` names the caller as the holder.
     HeldEchoesCaller,
     /// `describe` stores the text whoever asks.
@@ -152,6 +168,8 @@ impl Flaw {
         Flaw::UnconditionalDelete,
         Flaw::ReadThenWrite,
         Flaw::IgnoresTtl,
+        Flaw::TakesHeldKey,
+        Flaw::CasIgnoresExpected,
         Flaw::RepeatingFence,
         Flaw::RenewsForeignToken,
         Flaw::ExpiredTakeoverReadThenWrite,
@@ -173,6 +191,7 @@ impl Flaw {
         Flaw::BatchUsesFirstTtl,
         Flaw::BatchRecreatesDeleted,
         Flaw::WatchSubscribesLazily,
+        Flaw::ReleaseNotAnnounced,
         Flaw::WatchFiresOnce,
         Flaw::InspectReportsFullTtl,
         Flaw::InspectShowsExpired,
@@ -181,6 +200,7 @@ impl Flaw {
         Flaw::InspectReportsLatestFence,
         Flaw::InspectReportsFirstHolder,
         Flaw::FairBarges,
+        Flaw::FairServesNewestFirst,
         Flaw::FairKeepsDroppedPlace,
         Flaw::FairKeepsFrozenPlace,
         Flaw::FairPassesAhead,
@@ -192,6 +212,8 @@ impl Flaw {
         Flaw::TokenCaseInsensitive,
         Flaw::KeyCaseInsensitive,
         Flaw::KeyTruncated,
+        Flaw::KeyFixedWidth,
+        Flaw::LongKeysRefused,
         Flaw::HeldEchoesCaller,
         Flaw::DescribeIgnoresOwner,
         Flaw::DescriptionOutlivesHold,
