@@ -262,7 +262,10 @@ impl Flawed {
                 (new.clone(), fence, e.expires_at)
             }
             _ => {
-                let fence = drawn.unwrap_or_else(|| self.next_fence(st));
+                let fence = match st.entries.get(&nk) {
+                    Some(e) if self.has(Flaw::FenceRestartsAfterExpiry) && !self.alive(e, now) => 1,
+                    _ => drawn.unwrap_or_else(|| self.next_fence(st)),
+                };
                 let holder = match st.entries.get(&nk) {
                     Some(e) if self.has(Flaw::TakeoverKeepsOldToken) && expected.is_none() => {
                         e.holder.clone()

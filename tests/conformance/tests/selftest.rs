@@ -59,6 +59,7 @@ fn killers(flaw: Flaw) -> &'static [&'static str] {
             "election_cut_off_leader_knows_before_a_successor_leads",
             "election_observe_sees_every_term",
         ],
+        Flaw::FenceRestartsAfterExpiry => &["fences_increase_across_expiry"],
         Flaw::RenewsForeignToken => &[
             "renew_with_foreign_token_changes_nothing",
             "lost_fires_when_key_deleted_behind_holder",
@@ -221,6 +222,7 @@ catches! {
     catches_take_of_a_live_hold: TakesHeldKey,
     catches_cas_ignoring_the_expected_holder: CasIgnoresExpected,
     catches_repeating_fence: RepeatingFence,
+    catches_fence_restarting_after_expiry: FenceRestartsAfterExpiry,
     catches_foreign_renewal: RenewsForeignToken,
     catches_read_then_write_takeover_of_expired_hold: ExpiredTakeoverReadThenWrite,
     catches_ttl_truncated_to_seconds: WholeSecondTtl,

@@ -19,6 +19,9 @@ pub enum Flaw {
     CasIgnoresExpected,
     /// Every acquisition gets fence 1.
     RepeatingFence,
+    /// Fences are counted per hold record, and a taker of an expired hold
+    /// starts a new record: its count starts again from 1.
+    FenceRestartsAfterExpiry,
     /// Renewal succeeds whatever token asks.
     RenewsForeignToken,
     /// Taking over an *expired* hold reads, yields, then writes (a free or
@@ -171,6 +174,7 @@ impl Flaw {
         Flaw::TakesHeldKey,
         Flaw::CasIgnoresExpected,
         Flaw::RepeatingFence,
+        Flaw::FenceRestartsAfterExpiry,
         Flaw::RenewsForeignToken,
         Flaw::ExpiredTakeoverReadThenWrite,
         Flaw::WholeSecondTtl,
