@@ -11,7 +11,10 @@
 //! of its TTL, whichever comes first, and looks again, which renews its
 //! place. A release names the head, which is woken at once; the other
 //! waiters look a turn later (see the `pubsub` module). A place whose
-//! waiter stopped looking (a crash, a pause longer than the TTL) is dropped by the next look of any waiter; a dropped wait
+//! waiter stopped looking (a crash, or a pause through which a whole TTL
+//! passes from its last look: looks come every third of the TTL, so a
+//! pause of more than two thirds of it can) is dropped by the next look
+//! of any waiter; a dropped wait
 //! takes its place out at once and, when it was the head, wakes the next.
 //! Fair and plain holders stay mutually exclusive because both take the
 //! same lock key with the same fences; a plain `lock()` may still overtake

@@ -290,9 +290,15 @@ impl Subscriber {
                 break;
             };
             tokio::select! {
-                done = self.serve(client) => match done {
-                    Ok(()) => failures = 0,
-                    Err(e) => {
+                ended = self.serve(client) => match ended {
+                    // A subscription that was up starts the count afresh:
+                    // every drop of a working connection is followed by
+                    // the shortest pause, however many came before.
+                    Ended::Closed => {
+                        tracing::debug!("the release subscription closed; subscribing again");
+                        failures = 0;
+                    }
+                    Ended::Failed(e) => {
                         tracing::debug!(error = %e, "release subscription failed");
                         failures = failures.saturating_add(1);
                     }
@@ -310,7 +316,22 @@ impl Subscriber {
     }
 
     /// Subscribes and dispatches until the connection ends.
-    async fn serve(&self, client: &Client) -> Result<(), Error> {
+    async fn serve(&self, client: &Client) -> Ended {
+        let pubsub = match self.subscribe(client).await {
+            Ok(pubsub) => pubsub,
+            Err(e) => return Ended::Failed(e),
+        };
+        self.shared.set_up(true);
+        let mut messages = pubsub.into_on_message();
+        while let Some(msg) = messages.next().await {
+            let payload: String = msg.get_payload().unwrap_or_default();
+            self.shared.announce(msg.get_channel_name(), &payload);
+        }
+        Ended::Closed
+    }
+
+    /// Opens a pub/sub connection and subscribes to the release channels.
+    async fn subscribe(&self, client: &Client) -> Result<redis::aio::PubSub, Error> {
         let mut pubsub = tokio::time::timeout(self.connect_timeout, client.get_async_pubsub())
             .await
             .map_err(|_| timed_out("opening the pub/sub connection"))?
@@ -319,14 +340,16 @@ impl Subscriber {
             .await
             .map_err(|_| timed_out("PSUBSCRIBE"))?
             .map_err(map)?;
-        self.shared.set_up(true);
-        let mut messages = pubsub.into_on_message();
-        while let Some(msg) = messages.next().await {
-            let payload: String = msg.get_payload().unwrap_or_default();
-            self.shared.announce(msg.get_channel_name(), &payload);
-        }
-        Err(Error::unavailable(NAME, "the pub/sub connection closed"))
+        Ok(pubsub)
     }
+}
+
+/// How a run of [`Subscriber::serve`] ended.
+enum Ended {
+    /// No subscription was made.
+    Failed(Error),
+    /// The subscription was up, then its connection closed.
+    Closed,
 }
 
 fn backoff(failures: u32) -> Duration {

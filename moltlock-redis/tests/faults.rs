@@ -285,6 +285,63 @@ async fn pubsub_reconnects_after_being_dropped() -> TestResult {
     Ok(())
 }
 
+/// Every drop of a working pub/sub connection is followed by a prompt
+/// resubscription, however many drops came before: the pause before
+/// reconnecting grows only while attempts fail. (While it is down, the
+/// backend's waiters hear no release and are offered no turn.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pubsub_resubscribes_promptly_after_every_drop() -> TestResult {
+    let redis = fx::start_owned()?;
+    let backend = RedisBackend::from_url(&redis.url()).await?;
+    let manager = LockManager::new(backend.clone());
+    let g = manager.lock("drops/k").await?;
+    // A wait opens the subscription.
+    let waited = manager
+        .lock_timeout("drops/k", Duration::from_millis(200))
+        .await;
+    assert!(
+        matches!(waited, Err(Error::Timeout { .. })),
+        "a wait on a held key: {waited:?}"
+    );
+    g.release().await?;
+    let mut raw = redis::Client::open(redis.raw_url())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let bound = Duration::from_secs(1);
+    for drop in 1..=8 {
+        wait_subscribed(&mut raw, bound * 5).await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(kill_pubsub(&redis).await?, 1, "drop {drop}");
+        let dropped = Instant::now();
+        wait_subscribed(&mut raw, bound * 5).await?;
+        let took = dropped.elapsed();
+        println!("drop {drop}: subscribed again after {took:?}");
+        assert!(
+            took < bound,
+            "drop {drop}: subscribed again only after {took:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Waits until the server has a pattern subscription.
+async fn wait_subscribed(
+    raw: &mut redis::aio::MultiplexedConnection,
+    within: Duration,
+) -> TestResult {
+    let start = Instant::now();
+    loop {
+        let patterns: i64 = redis::cmd("PUBSUB").arg("NUMPAT").query_async(raw).await?;
+        if patterns > 0 {
+            return Ok(());
+        }
+        if start.elapsed() > within {
+            return Err(format!("not subscribed within {within:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// A waiter that waits across a drop of the pub/sub connection hears the
 /// release that comes after the reconnection, though its retry policy
 /// would not look for 30 s and the hold is renewed.

@@ -26,7 +26,8 @@
 //! after 1 ms, doubling to 25 ms while the key stays held (never past the
 //! holder's time left), the next in line every 5 ms (so it looks soon after
 //! the head took the key), the rest every 25 ms. A waiter that stopped
-//! looking (a crash, a pause longer than the TTL) loses its place to the
+//! looking (a crash, or a pause through which a whole TTL passes from its
+//! last look, which a pause shorter than the TTL can be) loses its place to the
 //! next look of anyone once its place's time has passed; a dropped wait
 //! takes its place out at once (and again until a look it dropped in flight
 //! can no longer land).
