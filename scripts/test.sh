@@ -8,6 +8,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 
+# Tests and examples keep their scratch files (the README's SQLite files
+# among them: its examples also run as doctests) in a temporary directory
+# of the run's own, removed at the end.
+run_tmp=$(mktemp -d)
+export TMPDIR="$run_tmp"
+trap 'rm -rf "$run_tmp"' EXIT
+
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 if [ -z "${MOLTLOCK_REDIS_URL:-}" ] && port_open 6379; then
@@ -76,7 +83,7 @@ else
     --initial-cluster "readme=$peer" >"$etcd_dir/log" 2>&1 &
   etcd_pid=$!
   # (set -e holds inside the trap: a stopped etcd's status must not become ours.)
-  trap 'kill "$etcd_pid" 2>/dev/null || true; wait "$etcd_pid" 2>/dev/null || true; rm -rf "$etcd_dir"' EXIT
+  trap 'kill "$etcd_pid" 2>/dev/null || true; wait "$etcd_pid" 2>/dev/null || true; rm -rf "$etcd_dir" "$run_tmp"' EXIT
   for _ in $(seq 100); do port_open "$port" && break; sleep 0.1; done
   MOLTLOCK_ETCD_URL="etcd://127.0.0.1:$port" bash scripts/readme-crate.sh
 fi
