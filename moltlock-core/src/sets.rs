@@ -326,7 +326,13 @@ impl LockManager {
                 }
                 Err(e) if e.is_retryable() && !no_wait => {
                     tracing::debug!(error = %e, "acquire attempt failed; retrying");
-                    tokio::time::sleep(self.inner().cfg.retry.delay(attempt)).await;
+                    // A watch may have failed with the store, unseen: the
+                    // next attempt comes soon and opens it again.
+                    let mut delay = self.inner().cfg.retry.delay(attempt);
+                    if !watches.is_empty() && self.inner().backend.watcher().is_some() {
+                        delay = delay.min(REOPEN_AFTER);
+                    }
+                    tokio::time::sleep(delay).await;
                 }
                 Err(e) => return Err(e),
             }
@@ -380,7 +386,7 @@ impl LockManager {
     /// Opens again, before an attempt, the release watches that failed, so
     /// a waiter whose watch broke (a dropped connection, a store restart)
     /// hears releases again once the store notifies; until then it looks
-    /// every [`REOPEN_AFTER`] at least.
+    /// every [`REOPEN_AFTER`] at least (after a failed attempt too).
     async fn reopen_failed(&self, watches: &mut Watches, keys: &[LockKey]) {
         if self.inner().backend.watcher().is_none() {
             return;

@@ -65,7 +65,7 @@ pub(crate) async fn acquire(
         core: core.clone(),
         entry: Some(core.keys.queue_entry(key, token)),
     };
-    let (mut my_rev, mut ahead) = enqueue(core, key, token, ttl).await?;
+    let (mut my_rev, mut ahead) = retrying(key, || enqueue(core, key, token, ttl)).await?;
     let mut woken = false;
     loop {
         let place = Place {
@@ -88,7 +88,27 @@ pub(crate) async fn acquire(
             Err(e) => return Err(e),
         }
         if !woken {
-            my_rev = keep_place(core, key, token, ttl, my_rev).await?;
+            my_rev = retrying(key, || keep_place(core, key, token, ttl, my_rev)).await?;
+        }
+    }
+}
+
+/// Runs `request` until it succeeds or fails for good, pausing
+/// [`RETRY_PAUSE`] after each retryable failure: a waiter keeps waiting
+/// while the store is down or restarting (a caller that wants a bound
+/// sets a timeout, which drops the wait).
+async fn retrying<T, F, Fut>(key: &LockKey, mut request: F) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    loop {
+        match request().await {
+            Err(e) if e.is_retryable() => {
+                tracing::debug!(%key, error = %e, "fair queue request failed; retrying");
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            done => return done,
         }
     }
 }

@@ -300,11 +300,7 @@ impl<D: Dialect> SqlBackend<D> {
         match self.take_unqueued(key, token, ttl).await {
             Ok(Some(fence)) => return Ok(fence),
             Ok(None) => {}
-            Err(
-                e @ Error::Store {
-                    retryable: true, ..
-                },
-            ) => {
+            Err(e) if e.is_retryable() => {
                 tracing::debug!(%key, error = %e, "fair take of a free key failed; queueing");
             }
             Err(e) => return Err(e),

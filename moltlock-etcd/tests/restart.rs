@@ -1,0 +1,107 @@
+//! Waiters across a restart of a private etcd: they keep waiting while the
+//! store is down and hear the release that comes after it is back.
+
+use std::time::Duration;
+
+use moltlock_core::{LockManager, LockOptions, RetryPolicy};
+use moltlock_etcd::{EtcdBackend, EtcdConfig};
+use moltlock_fixtures::etcd::{start_single, EtcdMember};
+use tokio::time::Instant;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// How long etcd stays down: longer than the waiters' pauses after a
+/// failed request (200 ms in the fair queue).
+const DOWN: Duration = Duration::from_secs(1);
+
+async fn manager(
+    own: &EtcdMember,
+    retry: RetryPolicy,
+) -> Result<LockManager, Box<dyn std::error::Error>> {
+    let cfg = EtcdConfig::new([own.endpoint()])
+        .connect_timeout(Duration::from_millis(500))
+        .request_timeout(Duration::from_secs(1));
+    let backend = EtcdBackend::connect(cfg).await?;
+    Ok(LockManager::builder(backend)
+        .ttl(Duration::from_secs(10))
+        .retry(retry)
+        .build()?)
+}
+
+/// Kills etcd, keeps it down for [`DOWN`], and starts it again on the same
+/// data and port.
+fn restart(own: &mut EtcdMember) -> TestResult {
+    own.process.kill();
+    std::thread::sleep(DOWN);
+    own.process.restart()?;
+    Ok(())
+}
+
+/// A fair waiter keeps its wait through a restart of the store (its
+/// requests fail while etcd is down) and takes the key once the holder
+/// releases it: the wait does not end in an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_waits_through_a_store_restart() -> TestResult {
+    let mut own = start_single()?;
+    let holder = manager(&own, RetryPolicy::default()).await?;
+    let waiter = manager(&own, RetryPolicy::default()).await?;
+    let k = format!("restart/fair/{}", uuid::Uuid::new_v4().simple());
+    let g = holder.lock(&k).await?;
+    let w = tokio::spawn({
+        let k = k.clone();
+        async move {
+            let opts = LockOptions::new().fair().timeout(Duration::from_secs(30));
+            waiter.acquire(&k, opts).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    restart(&mut own)?;
+    // Back for a while (a restarted member takes a moment to serve writes).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !w.is_finished(),
+        "the fair wait ended while the key was held: {:?}",
+        w.await?
+    );
+    g.release().await?;
+    let got = tokio::time::timeout(Duration::from_secs(20), w).await??;
+    let g = got?.ok_or("no guard for a waiting acquire")?;
+    g.release().await?;
+    Ok(())
+}
+
+/// A waiter whose retry policy would look again only after 20 s hears a
+/// release that comes after a restart of the store: its watch broke with
+/// the store, and it opens it again within a second of the store's return
+/// rather than sleeping out its retry delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_hears_a_release_after_a_store_restart() -> TestResult {
+    let mut own = start_single()?;
+    let holder = manager(&own, RetryPolicy::default()).await?;
+    let slow = RetryPolicy::Fixed(Duration::from_secs(20));
+    let waiter = manager(&own, slow).await?;
+    let k = format!("restart/plain/{}", uuid::Uuid::new_v4().simple());
+    let g = holder.lock(&k).await?;
+    let w = tokio::spawn({
+        let k = k.clone();
+        async move {
+            let g = waiter.lock_timeout(&k, Duration::from_secs(60)).await?;
+            Ok::<_, moltlock_core::Error>((Instant::now(), g))
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    restart(&mut own)?;
+    // Back for a while: the waiter's failed attempts are behind it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let released = Instant::now();
+    g.release().await?;
+    let (acquired, g) = tokio::time::timeout(Duration::from_secs(30), w).await???;
+    let took = acquired - released;
+    println!("the waiter took the key {took:?} after the release");
+    assert!(
+        took < Duration::from_secs(5),
+        "the waiter took {took:?} after the release"
+    );
+    g.release().await?;
+    Ok(())
+}
