@@ -11,7 +11,10 @@ bash scripts/install-deps.sh
 # Tests and examples keep their scratch files (the README's SQLite files
 # among them: its examples also run as doctests) in a temporary directory
 # of the run's own, removed at the end.
+# Open to every user as /tmp is: fixtures run servers as their own users
+# (initdb and postgres as `postgres` when run as root).
 run_tmp=$(mktemp -d)
+chmod 1777 "$run_tmp"
 export TMPDIR="$run_tmp"
 trap 'rm -rf "$run_tmp"' EXIT
 
