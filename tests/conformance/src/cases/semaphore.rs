@@ -64,11 +64,15 @@ pub async fn semaphore_never_over_admits(f: Factory) -> CaseResult {
         "{} holders were inside a 3-permit semaphore at once",
         peak.most()
     );
-    ensure!(
-        peak.most() == 3,
-        "16 tasks never filled 3 permits (at most {} inside at once)",
-        peak.most()
-    );
+    // Acquisitions slower than the short holds (a loaded machine, a quorum
+    // of slow stores) may never overlap three: tried again, and a
+    // semaphore that never fills (a permit that never came back) fails.
+    if peak.most() < 3 {
+        return Err(format!(
+            "{INCONCLUSIVE}: 16 tasks never filled 3 permits (at most {} inside at once)",
+            peak.most()
+        ));
+    }
     Ok(Outcome::Passed)
 }
 
