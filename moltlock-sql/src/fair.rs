@@ -300,7 +300,11 @@ impl<D: Dialect> SqlBackend<D> {
         match self.take_unqueued(key, token, ttl).await {
             Ok(Some(fence)) => return Ok(fence),
             Ok(None) => {}
-            Err(e) if e.is_retryable() => {
+            Err(
+                e @ Error::Store {
+                    retryable: true, ..
+                },
+            ) => {
                 tracing::debug!(%key, error = %e, "fair take of a free key failed; queueing");
             }
             Err(e) => return Err(e),
