@@ -105,3 +105,56 @@ async fn a_waiter_hears_a_release_after_a_store_restart() -> TestResult {
     g.release().await?;
     Ok(())
 }
+
+/// A fair wait dropped while etcd is down cannot take its place out at
+/// once. Its place hangs on the session's lease, which the same manager
+/// keeps alive for another hold of the same TTL, so the place would block
+/// every waiter behind it for as long as that manager lives: the removal
+/// is kept and sent again once the store is back (by the session's next
+/// renewal round), and the waiter behind takes the key after the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_wait_dropped_while_the_store_is_down_leaves_the_queue() -> TestResult {
+    let mut own = start_single()?;
+    let holder = manager(&own, RetryPolicy::default()).await?;
+    let dropped = manager(&own, RetryPolicy::default()).await?;
+    let behind = manager(&own, RetryPolicy::default()).await?;
+    let k = format!("restart/left/{}", uuid::Uuid::new_v4().simple());
+    let g = holder.lock(&k).await?;
+    // The same manager holds another key on the same lease, and renews it.
+    let other = dropped.lock(format!("{k}/other")).await?;
+    let first = tokio::spawn({
+        let (m, k) = (dropped.clone(), k.clone());
+        async move { m.acquire(&k, LockOptions::new().fair()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = tokio::spawn({
+        let k = k.clone();
+        async move {
+            let opts = LockOptions::new().fair().timeout(Duration::from_secs(40));
+            behind.acquire(&k, opts).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    own.process.kill();
+    first.abort();
+    assert!(first.await.is_err_and(|e| e.is_cancelled()));
+    // Down long enough for the removal to fail (requests time out in 1 s).
+    std::thread::sleep(Duration::from_secs(2));
+    own.process.restart()?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    g.release().await?;
+    let released = Instant::now();
+    let got = tokio::time::timeout(Duration::from_secs(45), second).await??;
+    let g = got?.ok_or("no guard for a waiting acquire")?;
+    let took = released.elapsed();
+    println!("the waiter behind took the key {took:?} after the release");
+    // One renewal round (every TTL/3: 3.3 s) sends the removal again.
+    assert!(
+        took < Duration::from_secs(8),
+        "the waiter behind the dropped wait took {took:?} after the release"
+    );
+    assert!(other.is_held(), "the other hold was lost");
+    g.release().await?;
+    other.release().await?;
+    Ok(())
+}
