@@ -16,6 +16,7 @@
 //! make a slow backend look like its own floor.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -30,14 +31,20 @@ use sqlx::Executor;
 
 use crate::target::{etcd_prefix, redis_prefix, Target};
 
+mod lent;
 mod sql;
 use crate::workload::Cycler;
+pub use lent::Lent;
 
 /// The TTL of floor holds (they are released at once).
 const TTL: Duration = Duration::from_secs(30);
-/// Pool size of the SQL floors: the backends' default. Like the backends'
-/// pools, theirs do not ping a connection before each statement (sqlx's
-/// default), the cheapest correct way to drive the store.
+/// Connections of the SQL floors: the backends' default pool size. On
+/// Postgres and MySQL they are kept checked out (see [`Lent`]), the
+/// cheapest correct way to drive the store, and their pools have one more
+/// for the harness's own statements. SQLite's floor goes through its pool,
+/// as its backend does: a connection kept out of it holds its finished
+/// statements' read transactions open, and the write-ahead log is never
+/// checkpointed.
 const POOL: u32 = 10;
 
 const REDIS_CAD: &str =
@@ -66,6 +73,8 @@ pub enum Floor {
     Postgres {
         /// A pool of its own.
         pool: PgPool,
+        /// Its connections, kept checked out.
+        lent: Arc<Lent<sqlx::Postgres>>,
     },
     /// SQLite: a raw pool, on a database file of its own.
     Sqlite {
@@ -79,6 +88,8 @@ pub enum Floor {
     Mysql {
         /// A pool of its own.
         pool: MySqlPool,
+        /// Its connections, kept checked out.
+        lent: Arc<Lent<sqlx::MySql>>,
     },
 }
 
@@ -114,14 +125,15 @@ impl Floor {
             }
             Store::Postgres => {
                 let pool = PgPoolOptions::new()
-                    .max_connections(POOL)
+                    .max_connections(POOL + 1)
                     .test_before_acquire(false);
                 let pool = pool.connect(&t.url).await.map_err(err)?;
                 sqlx::query(&sql::PG_TABLE)
                     .execute(&pool)
                     .await
                     .map_err(err)?;
-                Ok(Self::Postgres { pool })
+                let lent = Arc::new(Lent::new(&pool, POOL).await?);
+                Ok(Self::Postgres { pool, lent })
             }
             Store::Sqlite => {
                 let opts = SqliteConnectOptions::from_str(&t.url).map_err(err)?;
@@ -142,14 +154,15 @@ impl Floor {
             }
             Store::Mysql => {
                 let pool = MySqlPoolOptions::new()
-                    .max_connections(POOL)
+                    .max_connections(POOL + 1)
                     .test_before_acquire(false);
                 let pool = pool.connect(&t.url).await.map_err(err)?;
                 sqlx::query(&sql::MYSQL_TABLE)
                     .execute(&pool)
                     .await
                     .map_err(err)?;
-                Ok(Self::Mysql { pool })
+                let lent = Arc::new(Lent::new(&pool, POOL).await?);
+                Ok(Self::Mysql { pool, lent })
             }
             #[allow(unreachable_patterns)]
             other => Err(format!("{other:?} is not a store the harness measures")),
@@ -170,15 +183,11 @@ impl Floor {
                 let mut kv = client.kv_client();
                 kv.get(format!("{prefix}rtt"), None).await.map_err(err)?;
             }
-            Self::Postgres { pool, .. } => {
-                sqlx::query("SELECT 1").execute(pool).await.map_err(err)?;
-            }
+            Self::Postgres { lent, .. } => sql::select_one(lent).await?,
             Self::Sqlite { pool, .. } => {
                 sqlx::query("SELECT 1").execute(pool).await.map_err(err)?;
             }
-            Self::Mysql { pool, .. } => {
-                sqlx::query("SELECT 1").execute(pool).await.map_err(err)?;
-            }
+            Self::Mysql { lent, .. } => sql::select_one(lent).await?,
         }
         Ok(())
     }
@@ -210,9 +219,19 @@ impl Floor {
                 lease,
                 prefix,
             } => etcd_cycle(client, *lease, format!("{prefix}{key}"), &token, s).await?,
-            Self::Postgres { pool } => sql::pg_cycle(pool, key, &token, s).await?,
+            Self::Postgres { lent, .. } => {
+                let mut c = lent.take().await?;
+                let done = sql::pg_cycle(&mut c, key, &token, s).await;
+                lent.give(c);
+                done?
+            }
             Self::Sqlite { pool, .. } => sql::sqlite_cycle(pool, key, &token, s).await?,
-            Self::Mysql { pool } => sql::mysql_cycle(pool, key, &token, s).await?,
+            Self::Mysql { lent, .. } => {
+                let mut c = lent.take().await?;
+                let done = sql::mysql_cycle(&mut c, key, &token, s).await;
+                lent.give(c);
+                done?
+            }
         };
         let ended = Instant::now();
         if !taken {
@@ -233,8 +252,8 @@ impl Floor {
             return Ok(());
         };
         match self {
-            Self::Postgres { pool } => sql::pg_forget(pool, &table, &t.key_prefix()).await,
-            Self::Mysql { pool } => sql::mysql_forget(pool, &table, &t.key_prefix()).await,
+            Self::Postgres { pool, .. } => sql::pg_forget(pool, &table, &t.key_prefix()).await,
+            Self::Mysql { pool, .. } => sql::mysql_forget(pool, &table, &t.key_prefix()).await,
             _ => Ok(()),
         }
     }
@@ -259,13 +278,13 @@ impl Floor {
                 c.delete(prefix.as_str(), Some(opts)).await.map_err(err)?;
                 Ok(())
             }
-            Self::Postgres { pool } => drop_table(pool.execute(sql::DROP.as_str())).await,
+            Self::Postgres { pool, .. } => drop_table(pool.execute(sql::DROP.as_str())).await,
             Self::Sqlite { pool, file } => {
                 let dropped = drop_table(pool.execute(sql::DROP.as_str())).await;
                 pool.close().await;
                 dropped.and(remove_database(file))
             }
-            Self::Mysql { pool } => drop_table(pool.execute(sql::DROP.as_str())).await,
+            Self::Mysql { pool, .. } => drop_table(pool.execute(sql::DROP.as_str())).await,
         }
     }
 }

@@ -4,9 +4,9 @@
 
 use std::sync::LazyLock;
 
-use sqlx::{MySqlPool, PgPool, SqlitePool};
+use sqlx::{MySqlConnection, MySqlPool, PgConnection, PgPool, SqlitePool};
 
-use super::{err, Split, TTL};
+use super::{err, Lent, Split, TTL};
 
 /// Drops the floor's table.
 pub(super) static DROP: LazyLock<String> =
@@ -85,9 +85,22 @@ fn ttl_ms() -> i64 {
     i64::try_from(TTL.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// One `SELECT 1` on a lent connection: the bare round trip.
+pub(super) async fn select_one<DB>(lent: &Lent<DB>) -> Result<(), String>
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    let mut c = lent.take().await?;
+    let done = sqlx::query("SELECT 1").execute(&mut *c).await;
+    lent.give(c);
+    done.map(drop).map_err(err)
+}
+
 /// Takes the free `key` and releases it; whether both happened.
 pub(super) async fn pg_cycle(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     key: &str,
     token: &str,
     split: &mut Split,
@@ -96,14 +109,14 @@ pub(super) async fn pg_cycle(
         .bind(key)
         .bind(token)
         .bind(ttl_ms())
-        .execute(pool)
+        .execute(&mut *conn)
         .await
         .map_err(err)?;
     split.mark();
     let release = sqlx::query(&PG_RELEASE)
         .bind(key)
         .bind(token)
-        .execute(pool)
+        .execute(&mut *conn)
         .await
         .map_err(err)?;
     Ok(take.rows_affected() == 1 && release.rows_affected() == 1)
@@ -140,7 +153,7 @@ pub(super) async fn sqlite_cycle(
 
 /// As [`pg_cycle`], on MySQL/MariaDB (an insert reports 1 row, a takeover 2).
 pub(super) async fn mysql_cycle(
-    pool: &MySqlPool,
+    conn: &mut MySqlConnection,
     key: &str,
     token: &str,
     split: &mut Split,
@@ -149,14 +162,14 @@ pub(super) async fn mysql_cycle(
         .bind(key)
         .bind(token)
         .bind(ttl_ms())
-        .execute(pool)
+        .execute(&mut *conn)
         .await
         .map_err(err)?;
     split.mark();
     let release = sqlx::query(&MYSQL_RELEASE)
         .bind(key)
         .bind(token)
-        .execute(pool)
+        .execute(&mut *conn)
         .await
         .map_err(err)?;
     Ok(matches!(take.rows_affected(), 1 | 2) && release.rows_affected() == 1)
