@@ -28,6 +28,20 @@ async fn manager(
         .build()?)
 }
 
+/// A fair acquisition of `key` by `m`, waiting at most `timeout`, on a
+/// task of its own.
+fn fair_wait(
+    m: LockManager,
+    key: &str,
+    timeout: Duration,
+) -> tokio::task::JoinHandle<Result<Option<moltlock_core::LockGuard>, moltlock_core::Error>> {
+    let key = key.to_owned();
+    tokio::spawn(async move {
+        let opts = LockOptions::new().fair().timeout(timeout);
+        m.acquire(&key, opts).await
+    })
+}
+
 /// Kills etcd, keeps it down for [`DOWN`], and starts it again on the same
 /// data and port.
 fn restart(own: &mut EtcdMember) -> TestResult {
@@ -47,13 +61,7 @@ async fn a_fair_waiter_waits_through_a_store_restart() -> TestResult {
     let waiter = manager(&own, RetryPolicy::default()).await?;
     let k = format!("restart/fair/{}", uuid::Uuid::new_v4().simple());
     let g = holder.lock(&k).await?;
-    let w = tokio::spawn({
-        let k = k.clone();
-        async move {
-            let opts = LockOptions::new().fair().timeout(Duration::from_secs(30));
-            waiter.acquire(&k, opts).await
-        }
-    });
+    let w = fair_wait(waiter, &k, Duration::from_secs(30));
     tokio::time::sleep(Duration::from_millis(300)).await;
     restart(&mut own)?;
     // Back for a while (a restarted member takes a moment to serve writes).
@@ -127,13 +135,7 @@ async fn a_fair_wait_dropped_while_the_store_is_down_leaves_the_queue() -> TestR
         async move { m.acquire(&k, LockOptions::new().fair()).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let second = tokio::spawn({
-        let k = k.clone();
-        async move {
-            let opts = LockOptions::new().fair().timeout(Duration::from_secs(40));
-            behind.acquire(&k, opts).await
-        }
-    });
+    let second = fair_wait(behind, &k, Duration::from_secs(40));
     tokio::time::sleep(Duration::from_millis(300)).await;
     own.process.kill();
     first.abort();
