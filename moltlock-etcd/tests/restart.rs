@@ -130,10 +130,7 @@ async fn a_fair_wait_dropped_while_the_store_is_down_leaves_the_queue() -> TestR
     let g = holder.lock(&k).await?;
     // The same manager holds another key on the same lease, and renews it.
     let other = dropped.lock(format!("{k}/other")).await?;
-    let first = tokio::spawn({
-        let (m, k) = (dropped.clone(), k.clone());
-        async move { m.acquire(&k, LockOptions::new().fair()).await }
-    });
+    let first = fair_wait(dropped.clone(), &k, Duration::from_secs(60));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let second = fair_wait(behind, &k, Duration::from_secs(40));
     tokio::time::sleep(Duration::from_millis(300)).await;
