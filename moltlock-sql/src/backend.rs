@@ -14,6 +14,7 @@ use crate::config::{Expiry, SqlConfig};
 use crate::convert::SweepCounter;
 use crate::dialect::{DbResult, Dialect, Multi, Shared, Write};
 use crate::error::map;
+use crate::kept::Kept;
 use crate::multi;
 
 /// Locks in a SQL table, over the dialect `D`; use the aliases
@@ -99,7 +100,7 @@ impl<D: Dialect> SqlBackend<D> {
 
     async fn open(cfg: &SqlConfig) -> Result<Self, Error> {
         let pool = D::open(cfg).await.map_err(|e| map(D::NAME, e))?;
-        Self::start(pool, cfg).await
+        Self::start(pool, cfg, D::KEEPS).await
     }
 
     /// A backend on an application's existing pool (`PgPool`, `SqlitePool`,
@@ -113,7 +114,11 @@ impl<D: Dialect> SqlBackend<D> {
     /// every connection it hands out, one more round trip per lock
     /// operation; the backend's own pools ping only connections idle for
     /// a second or more (`test_before_acquire(false)` with a
-    /// `before_acquire` that pings on `idle_for`).
+    /// `before_acquire` that pings on `idle_for`). sqlx's pool also pings
+    /// every connection handed back to it: the backend's own Postgres and
+    /// MySQL pools keep their lock statements' connections out of the pool
+    /// between statements (see [`SqlConfig::max_connections`]); on the
+    /// application's pool it keeps none.
     ///
     /// # Errors
     /// As [`connect`](Self::connect), less the connection errors a pool
@@ -122,12 +127,15 @@ impl<D: Dialect> SqlBackend<D> {
     /// # Cancel safety
     /// As [`connect`](Self::connect); the pool is left as it was.
     pub async fn from_client(pool: sqlx::Pool<D::Db>, cfg: SqlConfig) -> Result<Self, Error> {
-        Self::start(pool, &cfg).await
+        Self::start(pool, &cfg, false).await
     }
 
-    async fn start(pool: sqlx::Pool<D::Db>, cfg: &SqlConfig) -> Result<Self, Error> {
+    /// `keep`: whether the pool is the backend's own, so it may keep
+    /// connections out of it (see `kept`).
+    async fn start(pool: sqlx::Pool<D::Db>, cfg: &SqlConfig, keep: bool) -> Result<Self, Error> {
         let backend = Self {
             inner: Arc::new(Shared {
+                kept: Kept::new(pool.clone(), keep),
                 pool,
                 dialect: D::new(cfg)?,
                 observed: (cfg.expiry == Expiry::Observed).then(Default::default),

@@ -103,7 +103,7 @@ impl Default for SqlConfig {
             table: DEFAULT_TABLE.to_owned(),
             schema: None,
             unlogged: false,
-            max_connections: 10,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             acquire_timeout: Duration::from_secs(5),
             connect_timeout: None,
             auto_migrate: true,
@@ -112,11 +112,15 @@ impl Default for SqlConfig {
     }
 }
 
+/// The default pool size: ten connections for lock statements, one for
+/// Postgres's `LISTEN`, one for the rest (see [`SqlConfig::max_connections`]).
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 12;
+
 impl SqlConfig {
     /// Settings for `url` (`postgres://user:pw@host/db`, `mysql://…`,
     /// `sqlite://path/to/file.db` or a bare SQLite path). Defaults: table
     /// `moltlock_locks`, the connection's default schema, a logged table,
-    /// 10 pooled connections, 5 s to get one, no connect timeout of its own
+    /// 12 pooled connections ([`DEFAULT_MAX_CONNECTIONS`]), 5 s to get one, no connect timeout of its own
     /// (getting the first connection is bounded by the acquire timeout),
     /// the schema created on connect, expiry by the database clock.
     ///
@@ -202,7 +206,11 @@ impl SqlConfig {
         self
     }
 
-    /// The most pooled connections (at least 1).
+    /// The most pooled connections (at least 1). On Postgres and MySQL the
+    /// backend's own pool keeps all but two of them checked out between
+    /// lock statements (none of a pool of two or fewer), so a statement's connection is
+    /// neither checked out nor pinged on its way back; the two left serve
+    /// Postgres's `LISTEN`, migrations, sweeps and reads.
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n.max(1);
         self

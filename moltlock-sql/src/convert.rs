@@ -167,23 +167,23 @@ rows_changed!(
 
 /// Runs `sql` with the text parameters `args` bound in order; returns how
 /// many rows it changed.
-pub(crate) async fn execute<DB>(
-    pool: &sqlx::Pool<DB>,
+pub(crate) async fn execute<'c, DB, E>(
+    conn: E,
     sql: &str,
     args: &[&str],
 ) -> Result<u64, sqlx::Error>
 where
     DB: Database,
+    E: sqlx::Executor<'c, Database = DB>,
     DB::QueryResult: RowsChanged,
     for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> <DB as Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
 {
     let mut query = sqlx::query(sql);
     for arg in args {
         query = query.bind(*arg);
     }
-    Ok(query.execute(pool).await?.changed())
+    Ok(query.execute(conn).await?.changed())
 }
 
 /// The holds `sql` reads (rows of `(key, owner, fence, ms left,

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use crate::config::SqlConfig;
 use crate::convert::SweepCounter;
 use crate::error::Fail;
+use crate::kept::{Conn, Kept};
 use crate::observe::Observed;
 
 /// A dialect step's result: the database's error stays a [`sqlx::Error`]
@@ -61,6 +62,8 @@ impl<'a> Multi<'a> {
 /// What one backend holds, shared by its clones.
 pub struct Shared<D: Ops> {
     pub(crate) pool: sqlx::Pool<D::Db>,
+    /// Connections kept out of `pool` for the lock statements.
+    pub(crate) kept: Kept<D::Db>,
     /// The dialect's statements and state.
     pub(crate) dialect: D,
     /// What this client saw of held keys, in the observed-expiry mode.
@@ -71,6 +74,11 @@ pub struct Shared<D: Ops> {
 }
 
 impl<D: Ops> Shared<D> {
+    /// A connection for one lock statement (see `kept`).
+    pub(crate) async fn conn(&self) -> Result<Conn<D::Db>, sqlx::Error> {
+        self.kept.conn().await
+    }
+
     /// Feeds the store clock `now` (since the epoch) of a reply to a
     /// request sent at `sent_at` that confirmed a hold.
     pub(crate) fn saw_clock(&self, sent_at: Instant, now: Duration) {
@@ -151,6 +159,11 @@ pub trait Ops: Sized + Send + Sync + 'static {
     const REPORTS_CLOCK: bool;
     /// Whether released rows stay until a sweep deletes them.
     const SWEEPS: bool;
+    /// Whether the backend's own pool keeps connections out between lock
+    /// statements (see `kept`). Not SQLite: a kept connection there holds
+    /// its last statement's read snapshot, and the WAL cannot be reset
+    /// past it.
+    const KEEPS: bool = true;
     /// The most keys one batch acquisition takes (`CasMulti::max_keys`).
     const MAX_BATCH: usize = usize::MAX;
     /// How long opening may be retried while the database is busy.

@@ -38,6 +38,7 @@ mod convert;
 mod dialect;
 mod error;
 mod fair;
+mod kept;
 mod multi;
 #[cfg(feature = "mysql")]
 pub mod mysql;
@@ -48,7 +49,7 @@ pub mod postgres;
 pub mod sqlite;
 
 pub use backend::SqlBackend;
-pub use config::{check_ident, Expiry, SqlConfig, DEFAULT_TABLE};
+pub use config::{check_ident, Expiry, SqlConfig, DEFAULT_MAX_CONNECTIONS, DEFAULT_TABLE};
 pub use convert::RETENTION;
 pub use dialect::Dialect;
 #[cfg(feature = "mysql")]

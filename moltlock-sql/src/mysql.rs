@@ -153,16 +153,10 @@ impl Ops for MySql {
 
     /// One statement; only when the key is held, a read of who holds it.
     async fn acquire(db: &Shared<Self>, w: Write<'_>) -> DbResult<CasOutcome> {
-        match take(
-            &db.pool,
-            &db.dialect.sql.acquire,
-            w.key,
-            w.new,
-            w.ttl,
-            false,
-        )
-        .await?
-        {
+        let mut conn = db.conn().await?;
+        let sql = &db.dialect.sql.acquire;
+        let taken = take(&mut *conn, sql, w.key, w.new, w.ttl, false).await;
+        match conn.finish(taken)? {
             Some(fence) => Ok(CasOutcome::Acquired { fence }),
             None => Ok(held(read(db, w.key).await?)),
         }
@@ -185,11 +179,13 @@ impl Ops for MySql {
                 .bind(new.as_str())
                 .bind(micros(ttl))
         };
+        let mut conn = db.conn().await?;
         let done = query
             .bind(key.as_str())
             .bind(expected.as_str())
-            .execute(&db.pool)
-            .await?;
+            .execute(&mut *conn)
+            .await;
+        let done = conn.finish(done)?;
         Ok(match (done.rows_affected(), done.last_insert_id()) {
             (0, _) | (_, 0) => CasOutcome::Held(Held::default()),
             (_, fence) => CasOutcome::Acquired {
@@ -200,7 +196,9 @@ impl Ops for MySql {
 
     async fn delete(db: &Shared<Self>, key: &LockKey, owner: &Token) -> DbResult<bool> {
         let args = [key.as_str(), owner.as_str()];
-        Ok(execute(&db.pool, &db.dialect.sql.delete, &args).await? > 0)
+        let mut conn = db.conn().await?;
+        let deleted = execute(&mut *conn, &db.dialect.sql.delete, &args).await;
+        Ok(conn.finish(deleted)? > 0)
     }
 
     async fn inspect(db: &Shared<Self>, key: &LockKey) -> DbResult<Option<HolderInfo>> {
@@ -316,11 +314,12 @@ async fn add_info_column(db: &Shared<MySql>) -> Result<(), sqlx::Error> {
 }
 
 async fn read(db: &Shared<MySql>, key: &LockKey) -> Result<Option<HolderInfo>, sqlx::Error> {
+    let mut conn = db.conn().await?;
     let row = sqlx::query(&db.dialect.sql.read)
         .bind(key.as_str())
-        .fetch_optional(&db.pool)
-        .await?;
-    row.map(|r| info(&r)).transpose()
+        .fetch_optional(&mut *conn)
+        .await;
+    conn.finish(row)?.map(|r| info(&r)).transpose()
 }
 
 /// Renews one run of holds sharing a TTL: one `UPDATE`, then one read of

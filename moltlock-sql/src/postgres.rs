@@ -210,9 +210,10 @@ impl Ops for Pg {
         if transfer {
             query = query.bind(new.as_str());
         }
+        let mut conn = db.conn().await?;
         let sent_at = Instant::now();
-        let row = query.fetch_optional(&db.pool).await?;
-        Ok(match row {
+        let row = query.fetch_optional(&mut *conn).await;
+        Ok(match conn.finish(row)? {
             Some(row) => {
                 saw_clock(db, sent_at, row.try_get(1)?);
                 CasOutcome::Acquired {
@@ -224,13 +225,14 @@ impl Ops for Pg {
     }
 
     async fn delete(db: &Shared<Self>, key: &LockKey, owner: &Token) -> DbResult<bool> {
+        let mut conn = db.conn().await?;
         let released = sqlx::query(&db.dialect.sql.delete)
             .bind(key.as_str())
             .bind(owner.as_str())
             .bind(db.dialect.listener.channel())
-            .fetch_optional(&db.pool)
-            .await?;
-        Ok(released.is_some())
+            .fetch_optional(&mut *conn)
+            .await;
+        Ok(conn.finish(released)?.is_some())
     }
 
     async fn inspect(db: &Shared<Self>, key: &LockKey) -> DbResult<Option<HolderInfo>> {
@@ -247,13 +249,15 @@ impl Ops for Pg {
         let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
         let owners: Vec<&str> = items.iter().map(|i| i.token.as_str()).collect();
         let ttls: Vec<i64> = items.iter().map(|i| millis(i.ttl)).collect();
+        let mut conn = db.conn().await?;
         let sent_at = Instant::now();
         let rows = sqlx::query(&db.dialect.sql.renew_many)
             .bind(&keys)
             .bind(&owners)
             .bind(&ttls)
-            .fetch_all(&db.pool)
-            .await?;
+            .fetch_all(&mut *conn)
+            .await;
+        let rows = conn.finish(rows)?;
         let mut renewed = HashSet::with_capacity(rows.len());
         for row in &rows {
             renewed.insert((row.try_get::<String, _>(0)?, row.try_get::<String, _>(1)?));

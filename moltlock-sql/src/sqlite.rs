@@ -78,6 +78,7 @@ impl Ops for Sqlite {
     const NAME: &'static str = "sqlite";
     const REPORTS_CLOCK: bool = true;
     const SWEEPS: bool = false;
+    const KEEPS: bool = false;
     const OPEN_RETRY: Option<Duration> = Some(BUSY_TIMEOUT);
 
     fn new(cfg: &SqlConfig) -> Result<Self, Error> {

@@ -24,10 +24,12 @@ use std::time::Duration;
 use moltlock_core::{
     CasOutcome, Error, Fence, HolderInfo, LockKey, MultiMode, MultiOutcome, Token,
 };
-use sqlx::mysql::MySqlPool;
+use sqlx::mysql::MySqlConnection;
+use sqlx::Connection;
 
 use super::{held, info, read, take, MySql};
 use crate::dialect::{DbResult, Multi, Ops, Shared};
+use crate::kept::Kept;
 use crate::multi::{write_order, Tally};
 
 /// Takes `m.keys`; see the module docs.
@@ -40,7 +42,7 @@ pub(super) async fn acquire_many(db: &Shared<MySql>, m: Multi<'_>) -> DbResult<M
 
 async fn all(db: &Shared<MySql>, m: Multi<'_>) -> DbResult<MultiOutcome> {
     let job = AllJob {
-        pool: db.pool.clone(),
+        kept: db.kept.clone(),
         acquire: db.dialect.sql.acquire.clone(),
         keys: m.keys.to_vec(),
         new: m.new.clone(),
@@ -69,7 +71,7 @@ async fn all(db: &Shared<MySql>, m: Multi<'_>) -> DbResult<MultiOutcome> {
 /// task of its own: a caller that gives up never leaves row locks behind
 /// on a pooled connection.
 struct AllJob {
-    pool: MySqlPool,
+    kept: Kept<sqlx::MySql>,
     acquire: String,
     keys: Vec<LockKey>,
     new: Token,
@@ -80,7 +82,17 @@ impl AllJob {
     /// Every key's fence (committed), or the index of the first key found
     /// held (rolled back).
     async fn run(self) -> Result<Result<Vec<(usize, Fence)>, usize>, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.kept.conn().await?;
+        let done = self.take_all(&mut conn).await;
+        conn.finish(done)
+    }
+
+    /// The batch's transaction on `conn`.
+    async fn take_all(
+        &self,
+        conn: &mut MySqlConnection,
+    ) -> Result<Result<Vec<(usize, Fence)>, usize>, sqlx::Error> {
+        let mut tx = conn.begin().await?;
         let mut taken = Vec::with_capacity(self.keys.len());
         for i in write_order(&self.keys, MultiMode::All) {
             let key = &self.keys[i];
@@ -100,7 +112,9 @@ impl AllJob {
 async fn any(db: &Shared<MySql>, m: Multi<'_>) -> DbResult<MultiOutcome> {
     let sql = &db.dialect.sql;
     for (i, key) in m.keys.iter().enumerate() {
-        if let Some(fence) = take(&db.pool, &sql.acquire, key, m.new, m.ttl, false).await? {
+        let mut conn = db.conn().await?;
+        let taken = take(&mut *conn, &sql.acquire, key, m.new, m.ttl, false).await;
+        if let Some(fence) = conn.finish(taken)? {
             return Ok(MultiOutcome::Acquired(vec![(i, fence)]));
         }
     }
@@ -124,7 +138,9 @@ async fn read_all(
         query = query.bind(key.as_str());
     }
     let mut out = HashMap::with_capacity(keys.len());
-    for row in query.fetch_all(&db.pool).await? {
+    let mut conn = db.conn().await?;
+    let rows = query.fetch_all(&mut *conn).await;
+    for row in conn.finish(rows)? {
         let hold = info(&row)?;
         out.insert(hold.key.clone(), hold);
     }

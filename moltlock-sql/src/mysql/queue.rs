@@ -90,10 +90,12 @@ impl QueueSql {
 #[async_trait]
 impl Queue for Shared<MySql> {
     async fn occupied(&self, key: &LockKey) -> DbResult<bool> {
-        let found: i64 = sqlx::query_scalar(&self.dialect.queue.occupied)
+        let mut conn = self.conn().await?;
+        let found = sqlx::query_scalar(&self.dialect.queue.occupied)
             .bind(key.as_str())
-            .fetch_one(&self.pool)
-            .await?;
+            .fetch_one(&mut *conn)
+            .await;
+        let found: i64 = conn.finish(found)?;
         Ok(found != 0)
     }
 
@@ -135,7 +137,9 @@ impl Queue for Shared<MySql> {
     /// `MIXED` (MariaDB's default) and `ROW` formats log its rows.
     async fn take_unqueued(&self, w: Write<'_>) -> DbResult<Option<CasOutcome>> {
         let sql = &self.dialect.queue.take;
-        let taken = take(&self.pool, sql, w.key, w.new, w.ttl, true).await?;
+        let mut conn = self.conn().await?;
+        let taken = take(&mut *conn, sql, w.key, w.new, w.ttl, true).await;
+        let taken = conn.finish(taken)?;
         Ok(Some(match taken {
             Some(fence) => CasOutcome::Acquired { fence },
             None => CasOutcome::Held(Held::default()),
@@ -143,11 +147,13 @@ impl Queue for Shared<MySql> {
     }
 
     async fn leave(&self, key: &LockKey, owner: &Token) -> DbResult<()> {
-        sqlx::query(&self.dialect.queue.leave)
+        let mut conn = self.conn().await?;
+        let left = sqlx::query(&self.dialect.queue.leave)
             .bind(key.as_str())
             .bind(owner.as_str())
-            .execute(&self.pool)
-            .await?;
+            .execute(&mut *conn)
+            .await;
+        conn.finish(left)?;
         Ok(())
     }
 }

@@ -120,19 +120,23 @@ impl QueueSql {
 #[async_trait]
 impl Queue for Shared<Pg> {
     async fn occupied(&self, key: &LockKey) -> DbResult<bool> {
-        Ok(sqlx::query_scalar(&self.dialect.queue.occupied)
+        let mut conn = self.conn().await?;
+        let occupied = sqlx::query_scalar(&self.dialect.queue.occupied)
             .bind(key.as_str())
-            .fetch_one(&self.pool)
-            .await?)
+            .fetch_one(&mut *conn)
+            .await;
+        Ok(conn.finish(occupied)?)
     }
 
     async fn look(&self, key: &LockKey, owner: &Token, live: Duration) -> DbResult<u64> {
-        let ahead: i64 = sqlx::query_scalar(&self.dialect.queue.look)
+        let mut conn = self.conn().await?;
+        let ahead = sqlx::query_scalar(&self.dialect.queue.look)
             .bind(key.as_str())
             .bind(owner.as_str())
             .bind(millis(live))
-            .fetch_one(&self.pool)
-            .await?;
+            .fetch_one(&mut *conn)
+            .await;
+        let ahead: i64 = conn.finish(ahead)?;
         Ok(u64::try_from(ahead).unwrap_or(0))
     }
 
@@ -169,11 +173,13 @@ impl Queue for Shared<Pg> {
     }
 
     async fn leave(&self, key: &LockKey, owner: &Token) -> DbResult<()> {
-        sqlx::query(&self.dialect.queue.leave)
+        let mut conn = self.conn().await?;
+        let left = sqlx::query(&self.dialect.queue.leave)
             .bind(key.as_str())
             .bind(owner.as_str())
-            .execute(&self.pool)
-            .await?;
+            .execute(&mut *conn)
+            .await;
+        conn.finish(left)?;
         Ok(())
     }
 }

@@ -191,8 +191,10 @@ pub(super) async fn run(db: &Shared<Pg>, w: Write<'_>, statement: &str) -> DbRes
         let (holder, version) = seen.ready(key.as_str()).unzip();
         query = query.bind(holder).bind(version);
     }
+    let mut conn = db.conn().await?;
     let sent_at = Instant::now();
-    Ok(match query.fetch_optional(&db.pool).await? {
+    let row = query.fetch_optional(&mut *conn).await;
+    Ok(match conn.finish(row)? {
         Some(row) => judge(db, w, sent_at, Found::read(&row, 0)?),
         None => unseen(db, w),
     })
@@ -275,8 +277,10 @@ async fn attempt(db: &Shared<Pg>, m: Multi<'_>, last: bool) -> DbResult<Option<M
             keys.iter().map(|k| seen.ready(k).unzip()).unzip();
         query = query.bind(holders).bind(versions);
     }
+    let mut conn = db.conn().await?;
     let sent_at = Instant::now();
-    let rows = match query.fetch_all(&db.pool).await {
+    let rows = query.fetch_all(&mut *conn).await;
+    let rows = match conn.finish(rows) {
         Err(sqlx::Error::Database(e)) if e.message().contains(RACED) => return Ok(None),
         other => other?,
     };

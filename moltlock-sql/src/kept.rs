@@ -1,0 +1,134 @@
+//! Connections kept checked out of the backend's own pool between
+//! statements. sqlx's pool pings every connection handed back to it (a
+//! round trip, in a task of its own) before lending it again: through the
+//! pool, each lock statement would cost its connection two round trips.
+//! A statement that succeeded leaves its connection here for the next
+//! one; a statement that failed or was dropped mid-way lets its
+//! connection go back to the pool, which pings it and closes it if broken.
+//!
+//! At most `max_connections - 2` are kept (none from a pool of two or
+//! fewer), so the pool always has connections for its other users: the `LISTEN` connection,
+//! migrations, sweeps and reads. A backend on an application's pool
+//! (`from_client`) keeps none: the pool stays the application's.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex};
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, Database, Pool};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use crate::convert::PING_AFTER_IDLE;
+
+/// A pool and the connections kept out of it; clones share them.
+pub(crate) struct Kept<DB: Database> {
+    inner: Arc<Inner<DB>>,
+}
+
+impl<DB: Database> Clone for Kept<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<DB: Database> {
+    pool: Pool<DB>,
+    /// One permit per connection that may be kept; `None`: keep none.
+    permits: Option<Arc<Semaphore>>,
+    /// Kept connections not in use, with the time each was left.
+    idle: Mutex<Vec<(PoolConnection<DB>, Instant)>>,
+}
+
+impl<DB: Database> Kept<DB> {
+    /// Keeps up to `max_connections - 2` of `pool`'s connections when
+    /// `keep`, none otherwise.
+    pub(crate) fn new(pool: Pool<DB>, keep: bool) -> Self {
+        let most = pool.options().get_max_connections().saturating_sub(2);
+        let keep = keep && most > 0;
+        let inner = Inner {
+            pool,
+            permits: keep.then(|| Arc::new(Semaphore::new(most as usize))),
+            idle: Mutex::new(Vec::new()),
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// A connection for one statement: a kept one if free (pinged first
+    /// when it sat idle for a second or more), else one from the pool.
+    /// Waiters are served in arrival order.
+    pub(crate) async fn conn(&self) -> Result<Conn<DB>, sqlx::Error> {
+        let permit = match &self.inner.permits {
+            Some(permits) => Some(
+                permits
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| sqlx::Error::PoolClosed)?,
+            ),
+            None => None,
+        };
+        let conn = match self.take_idle().await {
+            Some(conn) => conn,
+            None => self.inner.pool.acquire().await?,
+        };
+        Ok(Conn {
+            kept: self.clone(),
+            conn,
+            permit,
+        })
+    }
+
+    /// The most recently left kept connection that still answers.
+    async fn take_idle(&self) -> Option<PoolConnection<DB>> {
+        loop {
+            let (mut conn, since) = self.inner.idle.lock().ok()?.pop()?;
+            if since.elapsed() < PING_AFTER_IDLE || conn.ping().await.is_ok() {
+                return Some(conn);
+            }
+        }
+    }
+
+    fn leave(&self, conn: PoolConnection<DB>) {
+        if let Ok(mut idle) = self.inner.idle.lock() {
+            idle.push((conn, Instant::now()));
+        }
+    }
+}
+
+/// A connection lent for one statement. Hand the statement's result to
+/// [`finish`](Self::finish): a connection whose statement succeeded is
+/// kept for the next; one dropped or failed goes back to the pool.
+pub(crate) struct Conn<DB: Database> {
+    kept: Kept<DB>,
+    conn: PoolConnection<DB>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl<DB: Database> Conn<DB> {
+    /// Keeps the connection when `result` is a success; passes it through.
+    pub(crate) fn finish<T, E>(self, result: Result<T, E>) -> Result<T, E> {
+        if result.is_ok() && self.permit.is_some() {
+            self.kept.leave(self.conn);
+        }
+        result
+    }
+}
+
+impl<DB: Database> Deref for Conn<DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        &self.conn
+    }
+}
+
+impl<DB: Database> DerefMut for Conn<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        &mut self.conn
+    }
+}

@@ -1,0 +1,216 @@
+//! Postgres and MySQL: the connections the lock statements keep out of the
+//! backend's own pool. A backend on its own pool keeps the connection of a
+//! statement that succeeded; one on the application's pool keeps none; a
+//! statement dropped mid-way gives its connection back to the pool (which
+//! drains it), and the statements after it get their own replies.
+
+#![allow(clippy::unwrap_used)] // helpers of the tests unwrap
+
+use std::time::Duration;
+
+use moltlock_core::{Backend, CasOutcome, Inspect, LockKey, Token};
+use moltlock_sql::{MySqlBackend, PostgresBackend, SqlConfig};
+use sqlx::{Database, Pool};
+
+mod pg_common;
+use pg_common::{drop_lock_table, shared, uuid_suffix};
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn key(name: &str) -> LockKey {
+    name.parse().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Connections checked out of `pool`, once the returns in flight (each
+/// pings its connection first) have landed.
+async fn out_of<DB: Database>(pool: &Pool<DB>) -> u32 {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    pool.size() - u32::try_from(pool.num_idle()).unwrap_or(u32::MAX)
+}
+
+/// Twenty acquisitions and releases of `k`, one after another.
+async fn cycles(b: &impl Backend, k: &LockKey) {
+    for _ in 0..20 {
+        let t = Token::random();
+        let got = b.cas(k, None, &t, TTL).await.unwrap();
+        assert!(matches!(got, CasOutcome::Acquired { .. }), "{got:?}");
+        assert!(b.delete(k, &t).await.unwrap());
+    }
+}
+
+/// `own` (on its own pool) keeps one connection out after sequential
+/// statements; `theirs` (on `app`) keeps none.
+async fn keeps_only_its_own<DB: Database>(
+    own: &impl Backend,
+    own_pool: &Pool<DB>,
+    theirs: &impl Backend,
+    app: &Pool<DB>,
+) {
+    let k = key("kept/cycles");
+    cycles(own, &k).await;
+    assert_eq!(out_of(own_pool).await, 1, "its own pool: one kept");
+    cycles(theirs, &k).await;
+    assert_eq!(out_of(app).await, 0, "the application's pool: none kept");
+}
+
+/// A `cas` of `k` blocked by `blocker` (a transaction holding the key's
+/// row) and dropped after 300 ms: its connection goes back to the pool,
+/// and later statements read their own replies (the dropped statement ran
+/// once the blocker ended: its token holds the key).
+async fn dropped_mid_way<DB: Database>(
+    b: &impl Backend,
+    pool: &Pool<DB>,
+    k: &LockKey,
+    blocker: sqlx::Transaction<'_, DB>,
+) {
+    let dropped = Token::random();
+    let cut = tokio::time::timeout(Duration::from_millis(300), b.cas(k, None, &dropped, TTL)).await;
+    assert!(cut.is_err(), "the blocked statement returned: {cut:?}");
+    blocker.commit().await.unwrap();
+    assert_eq!(
+        out_of(pool).await,
+        0,
+        "the dropped statement's connection was kept"
+    );
+    let next = Token::random();
+    match b.cas(k, None, &next, TTL).await.unwrap() {
+        CasOutcome::Held(h) => assert!(h.holder.is_none() || h.holder == Some(dropped.clone())),
+        other => panic!("the key held by the dropped statement's token was taken: {other:?}"),
+    }
+    assert!(
+        b.delete(k, &dropped).await.unwrap(),
+        "the dropped token does not hold"
+    );
+    let got = b.cas(k, None, &next, TTL).await.unwrap();
+    assert!(matches!(got, CasOutcome::Acquired { .. }), "{got:?}");
+    assert!(b.delete(k, &next).await.unwrap());
+}
+
+/// A backend on its own fresh pool and the table `table`, with the key
+/// `k`'s row written once (so a transaction can lock it).
+async fn prepared<B: Backend>(b: B, k: &LockKey) -> B {
+    let t = Token::random();
+    b.cas(k, None, &t, TTL).await.unwrap();
+    assert!(b.delete(k, &t).await.unwrap());
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keeps_connections_of_its_own_pool_only() {
+    let table = format!("kept_{}", uuid_suffix());
+    let cfg = SqlConfig::from_url(&shared()).unwrap().table(&table);
+    let own = PostgresBackend::connect(cfg).await.unwrap();
+    let app = sqlx::PgPool::connect(&shared()).await.unwrap();
+    let cfg = SqlConfig::default().table(&table);
+    let theirs = PostgresBackend::from_client(app.clone(), cfg)
+        .await
+        .unwrap();
+    keeps_only_its_own(&own, own.pool(), &theirs, &app).await;
+    drop_lock_table(&app, &table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_statement_dropped_mid_way_is_not_kept() {
+    let table = format!("kept_{}", uuid_suffix());
+    let cfg = SqlConfig::from_url(&shared()).unwrap().table(&table);
+    let k = key("kept/dropped");
+    let b = prepared(PostgresBackend::connect(cfg).await.unwrap(), &k).await;
+    let app = sqlx::PgPool::connect(&shared()).await.unwrap();
+    let mut blocker = app.begin().await.unwrap();
+    let lock_row = format!("SELECT 1 FROM \"{table}\" WHERE key = $1 FOR UPDATE");
+    sqlx::query(&lock_row)
+        .bind(k.as_str())
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    dropped_mid_way(&b, b.pool(), &k, blocker).await;
+    drop_lock_table(&app, &table).await;
+}
+
+fn mysql_url() -> String {
+    moltlock_fixtures::mysql::shared_url().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Drops the tables of the MySQL backend on `table`.
+async fn drop_mysql_tables(pool: &sqlx::MySqlPool, table: &str) {
+    for t in [
+        table.to_owned(),
+        format!("{table}_floor"),
+        format!("{table}_queue"),
+    ] {
+        let dropped = sqlx::query(&format!("DROP TABLE `{t}`"))
+            .execute(pool)
+            .await;
+        dropped.unwrap_or_else(|e| panic!("dropping {t}: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_keeps_connections_of_its_own_pool_only() {
+    let table = format!("kept_{}", uuid_suffix());
+    let cfg = SqlConfig::from_url(&mysql_url()).unwrap().table(&table);
+    let own = MySqlBackend::connect(cfg).await.unwrap();
+    let app = sqlx::MySqlPool::connect(&mysql_url()).await.unwrap();
+    let cfg = SqlConfig::default().table(&table);
+    let theirs = MySqlBackend::from_client(app.clone(), cfg).await.unwrap();
+    keeps_only_its_own(&own, own.pool(), &theirs, &app).await;
+    drop_mysql_tables(&app, &table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_statement_dropped_mid_way_is_not_kept() {
+    let table = format!("kept_{}", uuid_suffix());
+    let cfg = SqlConfig::from_url(&mysql_url()).unwrap().table(&table);
+    let k = key("kept/dropped");
+    let b = prepared(MySqlBackend::connect(cfg).await.unwrap(), &k).await;
+    let app = sqlx::MySqlPool::connect(&mysql_url()).await.unwrap();
+    let mut blocker = app.begin().await.unwrap();
+    let lock_row = format!("SELECT 1 FROM `{table}` WHERE lock_key = ? FOR UPDATE");
+    sqlx::query(&lock_row)
+        .bind(k.as_str())
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    dropped_mid_way(&b, b.pool(), &k, blocker).await;
+    drop_mysql_tables(&app, &table).await;
+}
+
+/// A pool of three: one connection kept for lock statements, one for
+/// `LISTEN` (waiters of a contended key), one for reads and sweeps. Four
+/// contenders, reads and sweeps at once, and a read after them, all get a
+/// connection within the pool's 1 s acquire timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_small_pool_serves_waiters_reads_and_sweeps() {
+    let table = format!("kept_{}", uuid_suffix());
+    let cfg = SqlConfig::from_url(&shared()).unwrap().table(&table);
+    let cfg = cfg
+        .max_connections(3)
+        .acquire_timeout(Duration::from_secs(1));
+    let b = PostgresBackend::connect(cfg).await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        // A manager each: four statements can be in flight at once.
+        let m = moltlock_core::LockManager::new(b.clone());
+        tasks.spawn(async move {
+            for _ in 0..10 {
+                let g = m.lock("kept/small").await.map_err(|e| e.to_string())?;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                g.release().await.map_err(|e| e.to_string())?;
+            }
+            Ok::<_, String>(())
+        });
+    }
+    let k = key("kept/small");
+    for _ in 0..20 {
+        b.inspect(&k)
+            .await
+            .unwrap_or_else(|e| panic!("a read: {e}"));
+        b.sweep().await.unwrap_or_else(|e| panic!("a sweep: {e}"));
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap().unwrap_or_else(|e| panic!("a contender: {e}"));
+    }
+    let reads = b.inspect(&k).await;
+    assert!(reads.is_ok(), "a read after the contenders: {reads:?}");
+    drop_lock_table(b.pool(), &table).await;
+}
