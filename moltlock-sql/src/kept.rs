@@ -7,9 +7,13 @@
 //! connection go back to the pool, which pings it and closes it if broken.
 //!
 //! At most `max_connections - 2` are kept (none from a pool of two or
-//! fewer), so the pool always has connections for its other users: the `LISTEN` connection,
-//! migrations, sweeps and reads. A backend on an application's pool
-//! (`from_client`) keeps none: the pool stays the application's.
+//! fewer), so the pool keeps connections for its other users: the
+//! `LISTEN` connection, migrations, sweeps and reads. A statement that
+//! finds as many kept connections in use takes one from the pool and
+//! gives it back after: the backend runs as many statements at once as
+//! the pool allows, and waits only as the pool makes it wait. A backend on
+//! an application's pool (`from_client`) keeps none: the pool stays the
+//! application's.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
@@ -36,7 +40,8 @@ impl<DB: Database> Clone for Kept<DB> {
 
 struct Inner<DB: Database> {
     pool: Pool<DB>,
-    /// One permit per connection that may be kept; `None`: keep none.
+    /// One permit per connection that may be kept (held while one is in
+    /// use); `None`: keep none.
     permits: Option<Arc<Semaphore>>,
     /// Kept connections not in use, with the time each was left.
     idle: Mutex<Vec<(PoolConnection<DB>, Instant)>>,
@@ -59,20 +64,19 @@ impl<DB: Database> Kept<DB> {
     }
 
     /// A connection for one statement: a kept one if free (pinged first
-    /// when it sat idle for a second or more), else one from the pool.
-    /// Waiters are served in arrival order.
+    /// when it sat idle for a second or more); else, while fewer than the
+    /// most are kept, one from the pool to keep; else one from the pool
+    /// that goes back after the statement. So the backend runs as many
+    /// statements at once as the pool allows, and waits only as the pool
+    /// makes it wait (its acquire timeout).
     pub(crate) async fn conn(&self) -> Result<Conn<DB>, sqlx::Error> {
-        let permit = match &self.inner.permits {
-            Some(permits) => Some(
-                permits
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| sqlx::Error::PoolClosed)?,
-            ),
+        let permits = self.inner.permits.as_ref();
+        let permit = permits.and_then(|p| p.clone().try_acquire_owned().ok());
+        let kept = match permit {
+            Some(_) => self.take_idle().await,
             None => None,
         };
-        let conn = match self.take_idle().await {
+        let conn = match kept {
             Some(conn) => conn,
             None => self.inner.pool.acquire().await?,
         };

@@ -214,3 +214,47 @@ async fn postgres_small_pool_serves_waiters_reads_and_sweeps() {
     assert!(reads.is_ok(), "a read after the contenders: {reads:?}");
     drop_lock_table(b.pool(), &table).await;
 }
+
+/// A pool of three keeps one connection: a lock statement blocked on its
+/// row (by another transaction) holds it, and a statement on another key
+/// runs meanwhile on a connection of the pool, as it would without kept
+/// connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_statement_runs_beside_a_blocked_one() {
+    let table = format!("kept_{}", uuid_suffix());
+    let cfg = SqlConfig::from_url(&shared()).unwrap().table(&table);
+    let cfg = cfg
+        .max_connections(3)
+        .acquire_timeout(Duration::from_secs(1));
+    let k = key("kept/blocked");
+    let b = prepared(PostgresBackend::connect(cfg).await.unwrap(), &k).await;
+    let app = sqlx::PgPool::connect(&shared()).await.unwrap();
+    let mut blocker = app.begin().await.unwrap();
+    let lock_row = format!("SELECT 1 FROM \"{table}\" WHERE key = $1 FOR UPDATE");
+    sqlx::query(&lock_row)
+        .bind(k.as_str())
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let blocked = {
+        let (b, k) = (b.clone(), k.clone());
+        tokio::spawn(async move { b.cas(&k, None, &Token::random(), TTL).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!blocked.is_finished(), "the statement was not blocked");
+    let other = Token::random();
+    let beside = tokio::time::timeout(
+        Duration::from_secs(3),
+        b.cas(&key("kept/beside"), None, &other, TTL),
+    )
+    .await;
+    let beside = beside.unwrap_or_else(|_| panic!("no connection within 3 s"));
+    assert!(
+        matches!(beside, Ok(CasOutcome::Acquired { .. })),
+        "{beside:?}"
+    );
+    blocker.commit().await.unwrap();
+    let got = blocked.await.unwrap();
+    assert!(matches!(got, Ok(CasOutcome::Acquired { .. })), "{got:?}");
+    drop_lock_table(&app, &table).await;
+}
