@@ -10,13 +10,18 @@
 //! fewer), so the pool keeps connections for its other users: the
 //! `LISTEN` connection, migrations, sweeps and reads. A statement that
 //! finds as many kept connections in use takes one from the pool and
-//! gives it back after: the backend runs as many statements at once as
-//! the pool allows, and waits only as the pool makes it wait. A backend on
-//! an application's pool (`from_client`) keeps none: the pool stays the
+//! gives it back after, or a kept one freed meanwhile if that comes
+//! first: the backend runs as many statements at once as the pool allows,
+//! and waits at most the pool's acquire timeout. A kept connection unused
+//! for 10 s goes back to the pool when the next statement ends; a backend
+//! that runs no statement at all keeps its kept connections open (the
+//! pool's idle timeout and lifetime do not reach them). A backend on an
+//! application's pool (`from_client`) keeps none: the pool stays the
 //! application's.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, Database, Pool};
@@ -24,6 +29,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::convert::PING_AFTER_IDLE;
+
+/// How long a kept connection may sit unused before it goes back to the
+/// pool.
+const RETURN_AFTER_IDLE: Duration = Duration::from_secs(10);
 
 /// A pool and the connections kept out of it; clones share them.
 pub(crate) struct Kept<DB: Database> {
@@ -65,26 +74,45 @@ impl<DB: Database> Kept<DB> {
 
     /// A connection for one statement: a kept one if free (pinged first
     /// when it sat idle for a second or more); else, while fewer than the
-    /// most are kept, one from the pool to keep; else one from the pool
-    /// that goes back after the statement. So the backend runs as many
-    /// statements at once as the pool allows, and waits only as the pool
-    /// makes it wait (its acquire timeout).
+    /// most are kept, one from the pool to keep; else whichever comes
+    /// first of a kept one and one of the pool (which goes back after the
+    /// statement). So the backend runs as many statements at once as the
+    /// pool allows, and waits at most the pool's acquire timeout, pings
+    /// included.
     pub(crate) async fn conn(&self) -> Result<Conn<DB>, sqlx::Error> {
-        let permits = self.inner.permits.as_ref();
-        let permit = permits.and_then(|p| p.clone().try_acquire_owned().ok());
-        let kept = match permit {
-            Some(_) => self.take_idle().await,
-            None => None,
+        let limit = self.inner.pool.options().get_acquire_timeout();
+        tokio::time::timeout(limit, self.lend())
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)?
+    }
+
+    async fn lend(&self) -> Result<Conn<DB>, sqlx::Error> {
+        let pool = &self.inner.pool;
+        let Some(permits) = &self.inner.permits else {
+            return Ok(self.wrap(pool.acquire().await?, None));
         };
-        let conn = match kept {
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => tokio::select! {
+                conn = pool.acquire() => return Ok(self.wrap(conn?, None)),
+                permit = permits.clone().acquire_owned() => {
+                    permit.map_err(|_| sqlx::Error::PoolClosed)?
+                }
+            },
+        };
+        let conn = match self.take_idle().await {
             Some(conn) => conn,
-            None => self.inner.pool.acquire().await?,
+            None => pool.acquire().await?,
         };
-        Ok(Conn {
+        Ok(self.wrap(conn, Some(permit)))
+    }
+
+    fn wrap(&self, conn: PoolConnection<DB>, permit: Option<OwnedSemaphorePermit>) -> Conn<DB> {
+        Conn {
             kept: self.clone(),
             conn,
             permit,
-        })
+        }
     }
 
     /// The most recently left kept connection that still answers.
@@ -97,10 +125,23 @@ impl<DB: Database> Kept<DB> {
         }
     }
 
+    /// Keeps `conn`; connections left unused for [`RETURN_AFTER_IDLE`] go
+    /// back to the pool (after a burst, the pool's idle timeout and
+    /// lifetime apply to them again).
     fn leave(&self, conn: PoolConnection<DB>) {
-        if let Ok(mut idle) = self.inner.idle.lock() {
-            idle.push((conn, Instant::now()));
-        }
+        let stale: Vec<_> = match self.inner.idle.lock() {
+            Ok(mut idle) => {
+                idle.push((conn, Instant::now()));
+                // Oldest first: `take_idle` pops the newest.
+                let n = idle
+                    .iter()
+                    .take_while(|(_, since)| since.elapsed() >= RETURN_AFTER_IDLE)
+                    .count();
+                idle.drain(..n).collect()
+            }
+            Err(_) => return,
+        };
+        drop(stale);
     }
 }
 

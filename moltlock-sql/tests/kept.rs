@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used)] // helpers of the tests unwrap
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use moltlock_core::{Backend, CasOutcome, Inspect, LockKey, Token};
@@ -256,5 +258,180 @@ async fn postgres_statement_runs_beside_a_blocked_one() {
     blocker.commit().await.unwrap();
     let got = blocked.await.unwrap();
     assert!(matches!(got, Ok(CasOutcome::Acquired { .. })), "{got:?}");
+    drop_lock_table(&app, &table).await;
+}
+
+/// Locks the row of `k` (in `table`) in a transaction of `app`'s.
+async fn block_row<'a>(
+    app: &'a sqlx::PgPool,
+    table: &str,
+    k: &LockKey,
+) -> sqlx::Transaction<'a, sqlx::Postgres> {
+    let mut blocker = app.begin().await.unwrap();
+    let lock_row = format!("SELECT 1 FROM \"{table}\" WHERE key = $1 FOR UPDATE");
+    sqlx::query(&lock_row)
+        .bind(k.as_str())
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    blocker
+}
+
+/// A pool of three, every connection busy: one kept (its statement blocked
+/// on `z`'s row) and two of the pool (blocked on `x`'s). A fourth
+/// statement waits; when `z`'s row is freed, the kept connection is free
+/// (and stays out of the pool): the fourth statement takes it at once,
+/// not after the pool's 2 s acquire timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_waiting_statement_takes_a_kept_connection_freed_meanwhile() {
+    let table = format!("kept_{}", uuid_suffix());
+    let cfg = SqlConfig::from_url(&shared()).unwrap().table(&table);
+    let cfg = cfg
+        .max_connections(3)
+        .acquire_timeout(Duration::from_secs(2));
+    let (z, x) = (key("kept/z"), key("kept/x"));
+    let b = prepared(PostgresBackend::connect(cfg).await.unwrap(), &z).await;
+    let b = prepared(b, &x).await;
+    let app = sqlx::PgPool::connect(&shared()).await.unwrap();
+    let (on_z, on_x) = (
+        block_row(&app, &table, &z).await,
+        block_row(&app, &table, &x).await,
+    );
+    let mut blocked = tokio::task::JoinSet::new();
+    for k in [&z, &x, &x] {
+        let (b, k) = (b.clone(), k.clone());
+        blocked.spawn(async move { b.cas(&k, None, &Token::random(), TTL).await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let fourth = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let got = b.cas(&key("kept/w"), None, &Token::random(), TTL).await;
+            (got, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    on_z.commit().await.unwrap();
+    let (got, took) = fourth.await.unwrap();
+    assert!(
+        matches!(got, Ok(CasOutcome::Acquired { .. })),
+        "{got:?} after {took:?}"
+    );
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    on_x.commit().await.unwrap();
+    while let Some(done) = blocked.join_next().await {
+        assert!(done.unwrap().is_ok());
+    }
+    drop_lock_table(&app, &table).await;
+}
+
+/// A loopback proxy to `target` (host:port) that stops forwarding once
+/// `frozen` is set: a link gone silent.
+async fn silent_link(target: String) -> (u16, Arc<AtomicBool>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let frozen = Arc::new(AtomicBool::new(false));
+    let flag = frozen.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                continue;
+            };
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            tokio::spawn(forward(cr, sw, flag.clone()));
+            tokio::spawn(forward(sr, cw, flag.clone()));
+        }
+    });
+    (port, frozen)
+}
+
+/// Copies `from` to `to` until either closes; once `frozen`, holds what
+/// it reads.
+async fn forward(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    frozen: Arc<AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    while let Ok(n) = from.read(&mut buf).await {
+        if n == 0 {
+            return;
+        }
+        if frozen.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A kept connection idle for over a second is pinged before its next
+/// statement; on a link gone silent that ping never returns, and the
+/// statement fails after the pool's acquire timeout (1 s) as a statement
+/// on a plain pool would, instead of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_ping_on_a_silent_link_ends_with_the_acquire_timeout() {
+    let table = format!("kept_{}", uuid_suffix());
+    let url = shared();
+    let host = url
+        .split('@')
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap();
+    let (port, frozen) = silent_link(host.to_owned()).await;
+    let via = url.replacen(host, &format!("127.0.0.1:{port}"), 1);
+    let cfg = SqlConfig::from_url(&via).unwrap().table(&table);
+    let cfg = cfg.acquire_timeout(Duration::from_secs(1));
+    let k = key("kept/silent");
+    let b = prepared(PostgresBackend::connect(cfg).await.unwrap(), &k).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    frozen.store(true, Ordering::SeqCst);
+    let started = tokio::time::Instant::now();
+    let got = tokio::time::timeout(
+        Duration::from_secs(6),
+        b.cas(&k, None, &Token::random(), TTL),
+    )
+    .await;
+    let took = started.elapsed();
+    assert!(matches!(got, Ok(Err(_))), "{got:?} after {took:?}");
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    let app = sqlx::PgPool::connect(&shared()).await.unwrap();
+    drop_lock_table(&app, &table).await;
+}
+
+/// After a burst of four statements at once, four connections are kept;
+/// once they sat unused for over 10 s, the next statement's end gives
+/// back all but its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_connections_unused_for_10_s_go_back_to_the_pool() {
+    let table = format!("kept_{}", uuid_suffix());
+    let cfg = SqlConfig::from_url(&shared()).unwrap().table(&table);
+    let b = PostgresBackend::connect(cfg).await.unwrap();
+    let app = sqlx::PgPool::connect(&shared()).await.unwrap();
+    let k = key("kept/burst");
+    let b = prepared(b, &k).await;
+    let blocker = block_row(&app, &table, &k).await;
+    let mut burst = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (b, k) = (b.clone(), k.clone());
+        burst.spawn(async move { b.cas(&k, None, &Token::random(), TTL).await });
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    blocker.commit().await.unwrap();
+    while let Some(done) = burst.join_next().await {
+        assert!(done.unwrap().is_ok());
+    }
+    assert_eq!(
+        out_of(b.pool()).await,
+        4,
+        "the burst's connections are kept"
+    );
+    tokio::time::sleep(Duration::from_millis(10_500)).await;
+    cycles(&b, &key("kept/after")).await;
+    assert_eq!(out_of(b.pool()).await, 1, "unused ones went back");
     drop_lock_table(&app, &table).await;
 }
