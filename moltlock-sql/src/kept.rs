@@ -125,6 +125,15 @@ impl<DB: Database> Kept<DB> {
         }
     }
 
+    /// Sends every idle kept connection back to the pool.
+    fn give_back_idle(&self) {
+        let idle = match self.inner.idle.lock() {
+            Ok(mut idle) => std::mem::take(&mut *idle),
+            Err(_) => return,
+        };
+        drop(idle);
+    }
+
     /// Keeps `conn`; connections left unused for [`RETURN_AFTER_IDLE`] go
     /// back to the pool (after a burst, the pool's idle timeout and
     /// lifetime apply to them again).
@@ -156,9 +165,14 @@ pub(crate) struct Conn<DB: Database> {
 
 impl<DB: Database> Conn<DB> {
     /// Keeps the connection when `result` is a success; passes it through.
+    /// A failure also sends every idle kept connection back to the pool,
+    /// which pings each and closes the dead: after a server restart, one
+    /// statement fails rather than one per kept connection.
     pub(crate) fn finish<T, E>(self, result: Result<T, E>) -> Result<T, E> {
-        if result.is_ok() && self.permit.is_some() {
-            self.kept.leave(self.conn);
+        match (&result, &self.permit) {
+            (Ok(_), Some(_)) => self.kept.leave(self.conn),
+            (Ok(_), None) => {}
+            (Err(_), _) => self.kept.give_back_idle(),
         }
         result
     }

@@ -412,9 +412,24 @@ async fn postgres_connections_unused_for_10_s_go_back_to_the_pool() {
     let cfg = SqlConfig::from_url(&shared()).unwrap().table(&table);
     let b = PostgresBackend::connect(cfg).await.unwrap();
     let app = sqlx::PgPool::connect(&shared()).await.unwrap();
+    burst(&b, &app, &table).await;
+    assert_eq!(
+        out_of(b.pool()).await,
+        4,
+        "the burst's connections are kept"
+    );
+    tokio::time::sleep(Duration::from_millis(10_500)).await;
+    cycles(&b, &key("kept/after")).await;
+    assert_eq!(out_of(b.pool()).await, 1, "unused ones went back");
+    drop_lock_table(&app, &table).await;
+}
+
+/// Four statements at once on `b` (blocked on a row until all four are
+/// sent): `b` keeps four connections.
+async fn burst(b: &PostgresBackend, app: &sqlx::PgPool, table: &str) {
     let k = key("kept/burst");
-    let b = prepared(b, &k).await;
-    let blocker = block_row(&app, &table, &k).await;
+    let b = prepared(b.clone(), &k).await;
+    let blocker = block_row(app, table, &k).await;
     let mut burst = tokio::task::JoinSet::new();
     for _ in 0..4 {
         let (b, k) = (b.clone(), k.clone());
@@ -425,13 +440,47 @@ async fn postgres_connections_unused_for_10_s_go_back_to_the_pool() {
     while let Some(done) = burst.join_next().await {
         assert!(done.unwrap().is_ok());
     }
+}
+
+/// The server ends the four kept connections of a backend
+/// (`pg_terminate_backend`, as a restart would): the first statement after
+/// fails, and its failure sends the other kept connections back to the
+/// pool (which pings them and closes the dead), so the next ones succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_one_statement_fails_when_the_server_ends_the_kept_connections() {
+    let table = format!("kept_{}", uuid_suffix());
+    let name = format!("{table}_app");
+    let url = format!("{}?application_name={name}", shared());
+    let b = PostgresBackend::connect(SqlConfig::from_url(&url).unwrap().table(&table))
+        .await
+        .unwrap();
+    let app = sqlx::PgPool::connect(&shared()).await.unwrap();
+    burst(&b, &app, &table).await;
     assert_eq!(
         out_of(b.pool()).await,
         4,
         "the burst's connections are kept"
     );
-    tokio::time::sleep(Duration::from_millis(10_500)).await;
-    cycles(&b, &key("kept/after")).await;
-    assert_eq!(out_of(b.pool()).await, 1, "unused ones went back");
+    let ended: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(&name)
+    .fetch_all(&app)
+    .await
+    .unwrap();
+    assert!(ended.len() >= 4, "ended {} connections", ended.len());
+    let k = key("kept/after-end");
+    let mut failed = 0;
+    for _ in 0..10 {
+        let t = Token::random();
+        match b.cas(&k, None, &t, TTL).await {
+            Ok(_) => assert!(b.delete(&k, &t).await.unwrap()),
+            Err(_) => failed += 1,
+        }
+    }
+    assert_eq!(
+        failed, 1,
+        "statements failed after the server ended the connections"
+    );
     drop_lock_table(&app, &table).await;
 }
