@@ -118,13 +118,7 @@ async fn postgres_statement_dropped_mid_way_is_not_kept() {
     let k = key("kept/dropped");
     let b = prepared(PostgresBackend::connect(cfg).await.unwrap(), &k).await;
     let app = sqlx::PgPool::connect(&shared()).await.unwrap();
-    let mut blocker = app.begin().await.unwrap();
-    let lock_row = format!("SELECT 1 FROM \"{table}\" WHERE key = $1 FOR UPDATE");
-    sqlx::query(&lock_row)
-        .bind(k.as_str())
-        .execute(&mut *blocker)
-        .await
-        .unwrap();
+    let blocker = block_row(&app, &table, &k).await;
     dropped_mid_way(&b, b.pool(), &k, blocker).await;
     drop_lock_table(&app, &table).await;
 }
@@ -166,13 +160,8 @@ async fn mysql_statement_dropped_mid_way_is_not_kept() {
     let k = key("kept/dropped");
     let b = prepared(MySqlBackend::connect(cfg).await.unwrap(), &k).await;
     let app = sqlx::MySqlPool::connect(&mysql_url()).await.unwrap();
-    let mut blocker = app.begin().await.unwrap();
     let lock_row = format!("SELECT 1 FROM `{table}` WHERE lock_key = ? FOR UPDATE");
-    sqlx::query(&lock_row)
-        .bind(k.as_str())
-        .execute(&mut *blocker)
-        .await
-        .unwrap();
+    let blocker = block_with(&app, &lock_row, &k).await;
     dropped_mid_way(&b, b.pool(), &k, blocker).await;
     drop_mysql_tables(&app, &table).await;
 }
@@ -231,13 +220,7 @@ async fn postgres_statement_runs_beside_a_blocked_one() {
     let k = key("kept/blocked");
     let b = prepared(PostgresBackend::connect(cfg).await.unwrap(), &k).await;
     let app = sqlx::PgPool::connect(&shared()).await.unwrap();
-    let mut blocker = app.begin().await.unwrap();
-    let lock_row = format!("SELECT 1 FROM \"{table}\" WHERE key = $1 FOR UPDATE");
-    sqlx::query(&lock_row)
-        .bind(k.as_str())
-        .execute(&mut *blocker)
-        .await
-        .unwrap();
+    let blocker = block_row(&app, &table, &k).await;
     let blocked = {
         let (b, k) = (b.clone(), k.clone());
         tokio::spawn(async move { b.cas(&k, None, &Token::random(), TTL).await })
@@ -267,9 +250,25 @@ async fn block_row<'a>(
     table: &str,
     k: &LockKey,
 ) -> sqlx::Transaction<'a, sqlx::Postgres> {
-    let mut blocker = app.begin().await.unwrap();
     let lock_row = format!("SELECT 1 FROM \"{table}\" WHERE key = $1 FOR UPDATE");
-    sqlx::query(&lock_row)
+    block_with(app, &lock_row, k).await
+}
+
+/// Runs `lock_row` (which locks the row of `k`) in a transaction of
+/// `app`'s.
+async fn block_with<'a, DB>(
+    app: &'a Pool<DB>,
+    lock_row: &str,
+    k: &LockKey,
+) -> sqlx::Transaction<'a, DB>
+where
+    DB: Database,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let mut blocker = app.begin().await.unwrap();
+    sqlx::query(lock_row)
         .bind(k.as_str())
         .execute(&mut *blocker)
         .await
