@@ -154,6 +154,25 @@ impl<DB: Database> Kept<DB> {
     }
 }
 
+/// A backend dropped outside a Tokio runtime (a blocking caller's, after
+/// its runtime ended) cannot hand its kept connections back to the pool,
+/// which needs a task for that: they are detached from the pool and
+/// closed where they are.
+impl<DB: Database> Drop for Inner<DB> {
+    fn drop(&mut self) {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return;
+        }
+        let idle = match self.idle.get_mut() {
+            Ok(idle) => std::mem::take(idle),
+            Err(poisoned) => std::mem::take(poisoned.into_inner()),
+        };
+        for (conn, _) in idle {
+            drop(conn.detach());
+        }
+    }
+}
+
 /// A connection lent for one statement. Hand the statement's result to
 /// [`finish`](Self::finish): a connection whose statement succeeded is
 /// kept for the next; one dropped or failed goes back to the pool.

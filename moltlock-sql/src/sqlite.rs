@@ -66,8 +66,7 @@ pub struct Sqlite {
     queue: queue::QueueSql,
 }
 
-/// Holds renewed per statement: 8,000 `(key, owner)` pairs, 16,001
-/// parameters (SQLite allows 32,766).
+/// Holds renewed per statement: 16,001 parameters (SQLite allows 32,766).
 const RENEW_CHUNK: usize = 8_000;
 /// How long a statement waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);

@@ -483,3 +483,28 @@ async fn postgres_one_statement_fails_when_the_server_ends_the_kept_connections(
     );
     drop_lock_table(&app, &table).await;
 }
+
+/// A backend dropped after its runtime ended (as a blocking caller's is)
+/// closes its kept connection without a runtime to hand it back to the
+/// pool, and does not panic.
+#[test]
+fn postgres_backend_dropped_outside_a_runtime_closes_its_kept_connections() {
+    let table = format!("kept_{}", uuid_suffix());
+    let runtime = || tokio::runtime::Runtime::new().unwrap();
+    let rt = runtime();
+    let b = rt.block_on(async {
+        let cfg = SqlConfig::from_url(&shared()).unwrap().table(&table);
+        let b = PostgresBackend::connect(cfg).await.unwrap();
+        cycles(&b, &key("kept/outside")).await;
+        assert_eq!(out_of(b.pool()).await, 1, "one kept");
+        b
+    });
+    drop(rt);
+    // Without a runtime, handing a connection back panics in a `drop`,
+    // which aborts the test binary.
+    drop(b);
+    runtime().block_on(async {
+        let app = sqlx::PgPool::connect(&shared()).await.unwrap();
+        drop_lock_table(&app, &table).await;
+    });
+}
