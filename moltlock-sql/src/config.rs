@@ -120,8 +120,9 @@ impl SqlConfig {
     /// Settings for `url` (`postgres://user:pw@host/db`, `mysql://…`,
     /// `sqlite://path/to/file.db` or a bare SQLite path). Defaults: table
     /// `moltlock_locks`, the connection's default schema, a logged table,
-    /// 12 pooled connections ([`DEFAULT_MAX_CONNECTIONS`]), 5 s to get one, no connect timeout of its own
-    /// (getting the first connection is bounded by the acquire timeout),
+    /// 12 pooled connections ([`DEFAULT_MAX_CONNECTIONS`]), 5 s to get one,
+    /// no connect timeout of its own (getting the first connection is
+    /// bounded by the acquire timeout),
     /// the schema created on connect, expiry by the database clock.
     ///
     /// Query parameters MoltLock reads, taken out of the URL the driver
@@ -208,9 +209,9 @@ impl SqlConfig {
 
     /// The most pooled connections (at least 1). On Postgres and MySQL the
     /// backend's own pool keeps all but two of them checked out between
-    /// lock statements (none of a pool of two or fewer), so a statement's connection is
-    /// neither checked out nor pinged on its way back; the two left serve
-    /// Postgres's `LISTEN`, migrations, sweeps and reads.
+    /// lock statements (none of a pool of two or fewer), so a statement's
+    /// connection is neither checked out nor pinged on its way back; the
+    /// two left serve Postgres's `LISTEN`, migrations, sweeps and reads.
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n.max(1);
         self

@@ -80,10 +80,28 @@ impl<DB: Database> Kept<DB> {
     /// pool allows, and waits at most the pool's acquire timeout, pings
     /// included.
     pub(crate) async fn conn(&self) -> Result<Conn<DB>, sqlx::Error> {
+        if let Some(ready) = self.ready() {
+            return Ok(ready);
+        }
         let limit = self.inner.pool.options().get_acquire_timeout();
         tokio::time::timeout(limit, self.lend())
             .await
             .map_err(|_| sqlx::Error::PoolTimedOut)?
+    }
+
+    /// A kept connection free and used within the last second, with its
+    /// permit: no wait, no ping, so no timer either.
+    fn ready(&self) -> Option<Conn<DB>> {
+        let permits = self.inner.permits.as_ref()?;
+        let permit = permits.clone().try_acquire_owned().ok()?;
+        let mut idle = self.inner.idle.lock().ok()?;
+        let (_, since) = idle.last()?;
+        if since.elapsed() >= PING_AFTER_IDLE {
+            return None;
+        }
+        let (conn, _) = idle.pop()?;
+        drop(idle);
+        Some(self.wrap(conn, Some(permit)))
     }
 
     async fn lend(&self) -> Result<Conn<DB>, sqlx::Error> {
