@@ -9,10 +9,12 @@
 //! At most `max_connections - 2` are kept (none from a pool of two or
 //! fewer), so the pool keeps connections for its other users: the
 //! `LISTEN` connection, migrations, sweeps and reads. A statement that
-//! finds as many kept connections in use takes one from the pool and
-//! gives it back after, or a kept one freed meanwhile if that comes
-//! first: the backend runs as many statements at once as the pool allows,
-//! and waits at most the pool's acquire timeout. A kept connection unused
+//! finds as many kept connections in use waits for one to be freed, first
+//! come first served; after 50 ms it also asks the pool, takes whichever
+//! comes first, and gives a connection of the pool back after: the
+//! backend runs as many statements at once as the pool allows (none waits
+//! long behind kept connections blocked on rows), and waits at most the
+//! pool's acquire timeout. A kept connection unused
 //! for 10 s goes back to the pool when the next statement ends; a backend
 //! that runs no statement at all keeps its kept connections open (the
 //! pool's idle timeout and lifetime do not reach them). A backend on an
@@ -33,6 +35,14 @@ use crate::convert::PING_AFTER_IDLE;
 /// How long a kept connection may sit unused before it goes back to the
 /// pool.
 const RETURN_AFTER_IDLE: Duration = Duration::from_secs(10);
+
+/// How long a statement that finds every kept connection in use waits
+/// for one to be freed before it also asks the pool. Under load a kept
+/// connection is freed within a few statements' time, and a connection of
+/// the pool costs a ping on its way back; a longer wait means the kept
+/// ones are blocked (on rows another transaction locked, say), and the
+/// statement should not wait behind them.
+const OVERFLOW_AFTER: Duration = Duration::from_millis(50);
 
 /// A pool and the connections kept out of it; clones share them.
 pub(crate) struct Kept<DB: Database> {
@@ -74,9 +84,9 @@ impl<DB: Database> Kept<DB> {
 
     /// A connection for one statement: a kept one if free (pinged first
     /// when it sat idle for a second or more); else, while fewer than the
-    /// most are kept, one from the pool to keep; else whichever comes
-    /// first of a kept one and one of the pool (which goes back after the
-    /// statement). So the backend runs as many statements at once as the
+    /// most are kept, one from the pool to keep; else a kept one freed
+    /// within [`OVERFLOW_AFTER`]; else whichever comes first of a kept one
+    /// and one of the pool (which goes back after the statement). So the backend runs as many statements at once as the
     /// pool allows, and waits at most the pool's acquire timeout, pings
     /// included.
     pub(crate) async fn conn(&self) -> Result<Conn<DB>, sqlx::Error> {
@@ -111,11 +121,14 @@ impl<DB: Database> Kept<DB> {
         };
         let permit = match permits.clone().try_acquire_owned() {
             Ok(permit) => permit,
-            Err(_) => tokio::select! {
-                conn = pool.acquire() => return Ok(self.wrap(conn?, None)),
-                permit = permits.clone().acquire_owned() => {
-                    permit.map_err(|_| sqlx::Error::PoolClosed)?
-                }
+            Err(_) => match self.await_kept(permits).await {
+                Some(permit) => permit?,
+                None => tokio::select! {
+                    conn = pool.acquire() => return Ok(self.wrap(conn?, None)),
+                    permit = permits.clone().acquire_owned() => {
+                        permit.map_err(|_| sqlx::Error::PoolClosed)?
+                    }
+                },
             },
         };
         let conn = match self.take_idle().await {
@@ -123,6 +136,17 @@ impl<DB: Database> Kept<DB> {
             None => pool.acquire().await?,
         };
         Ok(self.wrap(conn, Some(permit)))
+    }
+
+    /// A permit freed within [`OVERFLOW_AFTER`] (first come, first
+    /// served), or `None` when none was.
+    async fn await_kept(
+        &self,
+        permits: &Arc<Semaphore>,
+    ) -> Option<Result<OwnedSemaphorePermit, sqlx::Error>> {
+        let permit = permits.clone().acquire_owned();
+        let permit = tokio::time::timeout(OVERFLOW_AFTER, permit).await.ok()?;
+        Some(permit.map_err(|_| sqlx::Error::PoolClosed))
     }
 
     fn wrap(&self, conn: PoolConnection<DB>, permit: Option<OwnedSemaphorePermit>) -> Conn<DB> {

@@ -508,3 +508,56 @@ fn postgres_backend_dropped_outside_a_runtime_closes_its_kept_connections() {
         drop_lock_table(&app, &table).await;
     });
 }
+
+/// A pool of four keeps two connections. Both are busy (their statements
+/// blocked on rows another transaction frees 10 ms later) when a third
+/// statement comes: it waits for a kept connection rather than taking one
+/// of the pool (whose return pings it), so the pool opens no third
+/// connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_statement_waits_briefly_for_a_kept_connection() {
+    let table = format!("kept_{}", uuid_suffix());
+    let cfg = SqlConfig::from_url(&shared()).unwrap().table(&table);
+    let cfg = cfg
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(2));
+    let (y, z) = (key("kept/y"), key("kept/z"));
+    let b = prepared(PostgresBackend::connect(cfg).await.unwrap(), &y).await;
+    let b = prepared(b, &z).await;
+    let app = sqlx::PgPool::connect(&shared()).await.unwrap();
+    let blocker = block_row(&app, &table, &y).await;
+    let blocker = {
+        let lock_z = format!("SELECT 1 FROM \"{table}\" WHERE key = $1 FOR UPDATE");
+        let mut tx = blocker;
+        sqlx::query(&lock_z)
+            .bind(z.as_str())
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx
+    };
+    let mut blocked = tokio::task::JoinSet::new();
+    for k in [&y, &z] {
+        let (b, k) = (b.clone(), k.clone());
+        blocked.spawn(async move { b.cas(&k, None, &Token::random(), TTL).await });
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(b.pool().size(), 2, "two kept connections in use");
+    let third = {
+        let b = b.clone();
+        tokio::spawn(async move { b.cas(&key("kept/third"), None, &Token::random(), TTL).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    blocker.commit().await.unwrap();
+    let got = third.await.unwrap();
+    assert!(matches!(got, Ok(CasOutcome::Acquired { .. })), "{got:?}");
+    while let Some(done) = blocked.join_next().await {
+        assert!(done.unwrap().is_ok());
+    }
+    assert_eq!(
+        b.pool().size(),
+        2,
+        "the pool opened no connection beyond the kept"
+    );
+    drop_lock_table(&app, &table).await;
+}
