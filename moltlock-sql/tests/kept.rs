@@ -244,6 +244,20 @@ async fn postgres_statement_runs_beside_a_blocked_one() {
     drop_lock_table(&app, &table).await;
 }
 
+/// A backend on a fresh pool of `max` connections (a 2 s acquire
+/// timeout) and the table `table`, with the rows of `keys` written once.
+async fn small_pool(table: &str, max: u32, keys: &[&LockKey]) -> PostgresBackend {
+    let cfg = SqlConfig::from_url(&shared()).unwrap().table(table);
+    let cfg = cfg
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(2));
+    let mut b = PostgresBackend::connect(cfg).await.unwrap();
+    for k in keys {
+        b = prepared(b, k).await;
+    }
+    b
+}
+
 /// Locks the row of `k` (in `table`) in a transaction of `app`'s.
 async fn block_row<'a>(
     app: &'a sqlx::PgPool,
@@ -284,13 +298,8 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_waiting_statement_takes_a_kept_connection_freed_meanwhile() {
     let table = format!("kept_{}", uuid_suffix());
-    let cfg = SqlConfig::from_url(&shared()).unwrap().table(&table);
-    let cfg = cfg
-        .max_connections(3)
-        .acquire_timeout(Duration::from_secs(2));
     let (z, x) = (key("kept/z"), key("kept/x"));
-    let b = prepared(PostgresBackend::connect(cfg).await.unwrap(), &z).await;
-    let b = prepared(b, &x).await;
+    let b = small_pool(&table, 3, &[&z, &x]).await;
     let app = sqlx::PgPool::connect(&shared()).await.unwrap();
     let (on_z, on_x) = (
         block_row(&app, &table, &z).await,
@@ -510,32 +519,20 @@ fn postgres_backend_dropped_outside_a_runtime_closes_its_kept_connections() {
 }
 
 /// A pool of four keeps two connections. Both are busy (their statements
-/// blocked on rows another transaction frees 10 ms later) when a third
+/// blocked on rows two transactions free 10 ms later) when a third
 /// statement comes: it waits for a kept connection rather than taking one
 /// of the pool (whose return pings it), so the pool opens no third
 /// connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_statement_waits_briefly_for_a_kept_connection() {
     let table = format!("kept_{}", uuid_suffix());
-    let cfg = SqlConfig::from_url(&shared()).unwrap().table(&table);
-    let cfg = cfg
-        .max_connections(4)
-        .acquire_timeout(Duration::from_secs(2));
     let (y, z) = (key("kept/y"), key("kept/z"));
-    let b = prepared(PostgresBackend::connect(cfg).await.unwrap(), &y).await;
-    let b = prepared(b, &z).await;
+    let b = small_pool(&table, 4, &[&y, &z]).await;
     let app = sqlx::PgPool::connect(&shared()).await.unwrap();
-    let blocker = block_row(&app, &table, &y).await;
-    let blocker = {
-        let lock_z = format!("SELECT 1 FROM \"{table}\" WHERE key = $1 FOR UPDATE");
-        let mut tx = blocker;
-        sqlx::query(&lock_z)
-            .bind(z.as_str())
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        tx
-    };
+    let (on_y, on_z) = (
+        block_row(&app, &table, &y).await,
+        block_row(&app, &table, &z).await,
+    );
     let mut blocked = tokio::task::JoinSet::new();
     for k in [&y, &z] {
         let (b, k) = (b.clone(), k.clone());
@@ -548,7 +545,8 @@ async fn postgres_statement_waits_briefly_for_a_kept_connection() {
         tokio::spawn(async move { b.cas(&key("kept/third"), None, &Token::random(), TTL).await })
     };
     tokio::time::sleep(Duration::from_millis(10)).await;
-    blocker.commit().await.unwrap();
+    on_y.commit().await.unwrap();
+    on_z.commit().await.unwrap();
     let got = third.await.unwrap();
     assert!(matches!(got, Ok(CasOutcome::Acquired { .. })), "{got:?}");
     while let Some(done) = blocked.join_next().await {
