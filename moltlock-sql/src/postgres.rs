@@ -1,4 +1,5 @@
-//! Postgres: one conditional `INSERT … ON CONFLICT` per acquisition, expiry
+//! Postgres: one conditional `INSERT … ON CONFLICT` per acquisition (and
+//! a read of the holder when it is refused), expiry
 //! judged by the database clock, fences from a sequence, wake-ups by
 //! `LISTEN/NOTIFY`.
 //!
@@ -338,7 +339,7 @@ const NOW_US: &str = "(extract(epoch FROM now()) * 1000000)::bigint";
 
 /// The SQL of one table, built once from validated names.
 struct Statements {
-    acquire: String,
+    acquire: take::Single,
     /// The batch acquisitions (see `take`).
     take_all: String,
     take_any: String,
@@ -439,7 +440,7 @@ impl Statements {
         let values = format!("VALUES ($1, $2, nextval('{seq}'), now() + {ms}, now(), 1, $3)");
         let (take_all, take_any) = take::batch(t, seq, observed);
         Self {
-            acquire: take::single(t, &values, observed, ""),
+            acquire: take::Single::new(t, &values, observed),
             take_all,
             take_any,
             renew: format!(
