@@ -212,30 +212,43 @@ impl Found {
 
 /// The upsert, and the holder read when it is refused (see [`Single`]).
 pub(super) async fn acquire(db: &Shared<Pg>, w: Write<'_>) -> DbResult<CasOutcome> {
-    let Write { key, new, ttl } = w;
     let single = &db.dialect.sql.acquire;
-    let mut query = sqlx::query(&single.take)
-        .bind(key.as_str())
-        .bind(new.as_str())
-        .bind(millis(ttl));
-    if let Some(seen) = &db.observed {
-        let (holder, version) = seen.ready(key.as_str()).unzip();
-        query = query.bind(holder).bind(version);
-    }
+    let query = bound(db, w, &single.take);
     let mut conn = db.conn().await?;
-    let found = take_or_read(&mut conn, query, &single.holder, key.as_str()).await;
+    let found = take_or_read(&mut conn, query, &single.holder, w.key.as_str()).await;
     Ok(match conn.finish(found)? {
         Some((sent_at, found)) => judge(db, w, sent_at, found),
         None => unseen(db, w),
     })
 }
 
+/// `statement` with the single acquisition's parameters: key, owner,
+/// TTL in ms, and in the observed-expiry mode the `(holder, version)`
+/// pair a takeover names.
+fn bound<'q>(db: &Shared<Pg>, w: Write<'q>, statement: &'q str) -> PgQuery<'q> {
+    let Write { key, new, ttl } = w;
+    let query = sqlx::query(statement)
+        .bind(key.as_str())
+        .bind(new.as_str())
+        .bind(millis(ttl));
+    match &db.observed {
+        Some(seen) => {
+            let (holder, version) = seen.ready(key.as_str()).unzip();
+            query.bind(holder).bind(version)
+        }
+        None => query,
+    }
+}
+
+/// A statement with its parameters bound.
+type PgQuery<'q> = Query<'q, Postgres, PgArguments>;
+
 /// Runs `take`; when it is refused, reads who holds `key` with `holder`.
 /// Returns what the last statement found and when it was sent; `None`
 /// when refused and no holder was seen.
 async fn take_or_read(
     conn: &mut PgConnection,
-    take: Query<'_, Postgres, PgArguments>,
+    take: PgQuery<'_>,
     holder: &str,
     key: &str,
 ) -> Result<Option<(Instant, Found)>, sqlx::Error> {
@@ -268,15 +281,7 @@ async fn take_or_read(
 
 /// The single acquisition by `statement` (one built by [`single`]).
 pub(super) async fn run(db: &Shared<Pg>, w: Write<'_>, statement: &str) -> DbResult<CasOutcome> {
-    let Write { key, new, ttl } = w;
-    let mut query = sqlx::query(statement)
-        .bind(key.as_str())
-        .bind(new.as_str())
-        .bind(millis(ttl));
-    if let Some(seen) = &db.observed {
-        let (holder, version) = seen.ready(key.as_str()).unzip();
-        query = query.bind(holder).bind(version);
-    }
+    let query = bound(db, w, statement);
     let mut conn = db.conn().await?;
     let sent_at = Instant::now();
     let row = query.fetch_optional(&mut *conn).await;
