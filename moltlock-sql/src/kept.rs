@@ -9,17 +9,16 @@
 //! At most `max_connections - 2` are kept (none from a pool of two or
 //! fewer), so the pool keeps connections for its other users: the
 //! `LISTEN` connection, migrations, sweeps and reads. A statement that
-//! finds as many kept connections in use waits for one to be freed, first
-//! come first served; after 50 ms it also asks the pool, takes whichever
-//! comes first, and gives a connection of the pool back after: the
-//! backend runs as many statements at once as the pool allows (none waits
-//! long behind kept connections blocked on rows), and waits at most the
-//! pool's acquire timeout. A kept connection unused
-//! for 10 s goes back to the pool when the next statement ends; a backend
-//! that runs no statement at all keeps its kept connections open (the
-//! pool's idle timeout and lifetime do not reach them). A backend on an
-//! application's pool (`from_client`) keeps none: the pool stays the
-//! application's.
+//! finds as many kept connections in use waits in line for one to be
+//! freed; after 50 ms it also asks the pool, takes whichever comes first,
+//! and gives a connection of the pool back after: the backend runs as
+//! many statements at once as the pool allows (none waits long behind
+//! kept connections blocked on rows), and waits at most the pool's acquire
+//! timeout. A kept connection unused for 10 s goes back to the pool when
+//! the next statement ends; a backend that runs no statement at all keeps
+//! its kept connections open (the pool's idle timeout and lifetime do not
+//! reach them). A backend on an application's pool (`from_client`) keeps
+//! none: the pool stays the application's.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
@@ -84,11 +83,11 @@ impl<DB: Database> Kept<DB> {
 
     /// A connection for one statement: a kept one if free (pinged first
     /// when it sat idle for a second or more); else, while fewer than the
-    /// most are kept, one from the pool to keep; else a kept one freed
-    /// within [`OVERFLOW_AFTER`]; else whichever comes first of a kept one
-    /// and one of the pool (which goes back after the statement). So the backend runs as many statements at once as the
-    /// pool allows, and waits at most the pool's acquire timeout, pings
-    /// included.
+    /// most are kept, one from the pool to keep; else the first kept one
+    /// freed, or, once the wait has lasted [`OVERFLOW_AFTER`], one of the
+    /// pool if that comes first (it goes back after the statement). So the
+    /// backend runs as many statements at once as the pool allows, and
+    /// waits at most the pool's acquire timeout, pings included.
     pub(crate) async fn conn(&self) -> Result<Conn<DB>, sqlx::Error> {
         if let Some(ready) = self.ready() {
             return Ok(ready);
@@ -121,32 +120,26 @@ impl<DB: Database> Kept<DB> {
         };
         let permit = match permits.clone().try_acquire_owned() {
             Ok(permit) => permit,
-            Err(_) => match self.await_kept(permits).await {
-                Some(permit) => permit?,
-                None => tokio::select! {
-                    conn = pool.acquire() => return Ok(self.wrap(conn?, None)),
+            Err(_) => {
+                // In line for a kept one from the start; the pool is asked
+                // too once the wait has lasted `OVERFLOW_AFTER`.
+                let overflow = async {
+                    tokio::time::sleep(OVERFLOW_AFTER).await;
+                    pool.acquire().await
+                };
+                tokio::select! {
                     permit = permits.clone().acquire_owned() => {
                         permit.map_err(|_| sqlx::Error::PoolClosed)?
                     }
-                },
-            },
+                    conn = overflow => return Ok(self.wrap(conn?, None)),
+                }
+            }
         };
         let conn = match self.take_idle().await {
             Some(conn) => conn,
             None => pool.acquire().await?,
         };
         Ok(self.wrap(conn, Some(permit)))
-    }
-
-    /// A permit freed within [`OVERFLOW_AFTER`] (first come, first
-    /// served), or `None` when none was.
-    async fn await_kept(
-        &self,
-        permits: &Arc<Semaphore>,
-    ) -> Option<Result<OwnedSemaphorePermit, sqlx::Error>> {
-        let permit = permits.clone().acquire_owned();
-        let permit = tokio::time::timeout(OVERFLOW_AFTER, permit).await.ok()?;
-        Some(permit.map_err(|_| sqlx::Error::PoolClosed))
     }
 
     fn wrap(&self, conn: PoolConnection<DB>, permit: Option<OwnedSemaphorePermit>) -> Conn<DB> {

@@ -1,7 +1,6 @@
 //! Postgres: one conditional `INSERT … ON CONFLICT` per acquisition (and
-//! a read of the holder when it is refused), expiry
-//! judged by the database clock, fences from a sequence, wake-ups by
-//! `LISTEN/NOTIFY`.
+//! a read of the holder when it is refused), expiry judged by the
+//! database clock, fences from a sequence, wake-ups by `LISTEN/NOTIFY`.
 //!
 //! # Schema
 //!
