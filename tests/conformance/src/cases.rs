@@ -12,6 +12,7 @@ macro_rules! ensure {
 
 mod cancel;
 mod common;
+pub(crate) use common::take_keys;
 mod election;
 mod exclusion;
 mod expiry;

@@ -83,11 +83,13 @@ pub use support::{
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 type OpenFn = dyn Fn() -> BoxFuture<Result<Arc<dyn Backend>, Error>> + Send + Sync;
+type CleanFn = dyn Fn(Vec<String>) -> BoxFuture<()> + Send + Sync;
 
 /// Opens handles on the store under test.
 #[derive(Clone)]
 pub struct Factory {
     make: Arc<OpenFn>,
+    clean: Option<Arc<CleanFn>>,
 }
 
 impl Factory {
@@ -99,6 +101,29 @@ impl Factory {
         (self.make)()
             .await
             .map_err(|e| format!("could not open a backend: {e}"))
+    }
+
+    /// Adds a cleanup, run after each case (passed or failed) with the
+    /// keys the case made: every key it used, derived ones included,
+    /// begins with one of them. For a store the tests share, it deletes
+    /// what a backend keeps of a key after its release (a row kept for the
+    /// key's fence, removed only by the backend's hourly sweep).
+    #[must_use]
+    pub fn with_cleanup<F, Fut>(mut self, clean: F) -> Self
+    where
+        F: Fn(Vec<String>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.clean = Some(Arc::new(move |keys| Box::pin(clean(keys))));
+        self
+    }
+
+    /// Runs the cleanup, if any, on the keys handed out on this thread.
+    async fn clean_up(&self) {
+        let keys = cases::take_keys();
+        if let (Some(clean), false) = (&self.clean, keys.is_empty()) {
+            clean(keys).await;
+        }
     }
 }
 
@@ -115,6 +140,7 @@ where
             let f = f.clone();
             Box::pin(async move { f().await.map(|b| Arc::new(b) as Arc<dyn Backend>) })
         }),
+        clean: None,
     }
 }
 
@@ -131,6 +157,7 @@ where
             let f = f.clone();
             Box::pin(async move { f().await })
         }),
+        clean: None,
     }
 }
 
@@ -344,7 +371,9 @@ pub async fn run_all_parallel(
 /// backend lacks as ignored, so a skip that reaches this point is a
 /// capability missing from the stamping's `without:` list.
 pub async fn assert_case(case: &Case, factory: Factory) {
-    match run_case(case, factory).await {
+    let result = run_case(case, factory.clone()).await;
+    factory.clean_up().await;
+    match result {
         Ok(Outcome::Passed) => {}
         Ok(Outcome::Skipped(why)) => {
             let cap = case.needs.map_or("?", Need::name);
@@ -361,7 +390,9 @@ pub async fn assert_case(case: &Case, factory: Factory) {
 /// Runs a case stamped as ignored (only with `cargo test -- --ignored`): a
 /// skip is reported and passes, a failure panics.
 pub async fn assert_case_or_skip(case: &Case, factory: Factory) {
-    match run_case(case, factory).await {
+    let result = run_case(case, factory.clone()).await;
+    factory.clean_up().await;
+    match result {
         Ok(Outcome::Passed) => {}
         Ok(Outcome::Skipped(why)) => println!("{}: skipped: {why}", case.name),
         Err(msg) => panic!("conformance case {} failed: {msg}", case.name),

@@ -24,9 +24,22 @@ pub(super) fn err(e: Error) -> String {
     }
 }
 
+std::thread_local! {
+    /// The keys [`key`] handed out on this thread (a case's own future runs
+    /// on its test's thread), for the factory's cleanup.
+    static HANDED_OUT: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// A key under a prefix of its own, so cases can share a store.
 pub(super) fn key(case: &str) -> String {
-    format!("mlconf/{case}/{}", uuid::Uuid::new_v4().simple())
+    let key = format!("mlconf/{case}/{}", uuid::Uuid::new_v4().simple());
+    HANDED_OUT.with(|keys| keys.borrow_mut().push(key.clone()));
+    key
+}
+
+/// The keys handed out on this thread since the last call; forgets them.
+pub(crate) fn take_keys() -> Vec<String> {
+    HANDED_OUT.with(|keys| std::mem::take(&mut *keys.borrow_mut()))
 }
 
 /// The short TTL the expiry cases use: 1 s, or the backend's floor.

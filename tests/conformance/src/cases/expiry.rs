@@ -134,8 +134,9 @@ pub async fn fractional_ttls_are_honoured(f: Factory) -> CaseResult {
     let mut checks = Vec::new();
     for ttl in ttls {
         let (b, probe) = (b.clone(), probe.clone());
+        // Made here, on the case's own thread, for the factory's cleanup.
+        let k = key("fractional");
         checks.push(tokio::spawn(async move {
-            let k = key("fractional");
             let t = timed_acquire(&b, &k, ttl).await?;
             let what = format!("TTL {ttl:?}");
             expect_held_until_deadline(&probe, &k, &t, &what).await?;
