@@ -105,7 +105,8 @@ impl Factory {
 
     /// Adds a cleanup, run after each case (passed or failed) with the
     /// keys the case made: every key it used, derived ones included,
-    /// begins with one of them. For a store the tests share, it deletes
+    /// begins with one of them (cases make their keys on their own task,
+    /// before spawning what uses them). For a store the tests share, it deletes
     /// what a backend keeps of a key after its release (a row kept for the
     /// key's fence, removed only by the backend's hourly sweep).
     #[must_use]

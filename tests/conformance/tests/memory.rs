@@ -12,6 +12,31 @@ fn memory() -> moltlock_conformance::Factory {
 
 moltlock_conformance::conformance_tests!(memory(), without: [fair_queue]);
 
+/// A factory's cleanup runs after a case with every key the case made,
+/// those its spawned checks use included (the fractional-TTL case makes
+/// one key per spawned check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cleanup_gets_every_key_its_case_made() {
+    use std::sync::{Arc, Mutex};
+
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let record = seen.clone();
+    let factory = memory().with_cleanup(move |keys| {
+        if let Ok(mut seen) = record.lock() {
+            seen.extend(keys);
+        }
+        async {}
+    });
+    let case = moltlock_conformance::case_named("fractional_ttls_are_honoured");
+    moltlock_conformance::assert_case(case.expect("the suite has the case"), factory).await;
+    let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(
+        seen.iter().all(|k| k.starts_with("mlconf/fractional/")),
+        "{seen:?}"
+    );
+}
+
 /// The suite again over a migrating backend in its `Both` phase: two memory
 /// stores, locked old first.
 mod migrating_both {
