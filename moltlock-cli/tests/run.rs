@@ -44,6 +44,7 @@ fn serializes(url: &str) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let k = key();
+    let _forget = fixtures::rows::Forget::new(url, &k);
     let children: Vec<_> = (0..3)
         .map(|_| {
             moltlock(url)
@@ -68,6 +69,7 @@ fn serializes(url: &str) {
 /// `--no-wait` on a held key returns 75 at once; the holder's status is its command's.
 fn no_wait_is_busy(url: &str) {
     let k = key();
+    let _forget = fixtures::rows::Forget::new(url, &k);
     let mut holder = moltlock(url)
         .args(["run", "--key", &k, "--", "sh", "-c", "sleep 2; exit 3"])
         .spawn()
@@ -443,7 +445,7 @@ fn item1_sighup_and_sigquit_stop_the_command_group() {
 #[test]
 fn item1_sigstop_of_the_wrapper_never_overlaps_the_next_holder() {
     let home = tempfile::tempdir().unwrap();
-    let fences = sigstop_never_overlaps(&|| moltlock_home(home.path()), home.path(), "5s");
+    let fences = sigstop_never_overlaps(&|| moltlock_home(home.path()), home.path(), "5s", &key());
     assert!(
         fences.len() == 2 && fences[1] > fences[0],
         "fences {fences:?}"
@@ -453,18 +455,17 @@ fn item1_sigstop_of_the_wrapper_never_overlaps_the_next_holder() {
 /// SIGSTOPs a holder's wrapper, then runs the next holder, whose command
 /// checks that none of the first command's processes still runs; returns
 /// the two holders' fences. `cmd` makes a `moltlock` command for the store.
-fn sigstop_never_overlaps(cmd: &dyn Fn() -> Command, dir: &Path, ttl: &str) -> Vec<u64> {
+fn sigstop_never_overlaps(cmd: &dyn Fn() -> Command, dir: &Path, ttl: &str, k: &str) -> Vec<u64> {
     let pidfile = dir.join("stopped");
     let fences = dir.join("fences");
     let result = dir.join("overlap");
-    let k = key();
     let script = format!(
         "echo $MOLTLOCK_FENCE >> {}; {}",
         fences.display(),
         two_pids(&pidfile)
     );
     let mut first = cmd()
-        .args(["run", "--key", &k, "--ttl", ttl, "--", "sh", "-c", &script])
+        .args(["run", "--key", k, "--ttl", ttl, "--", "sh", "-c", &script])
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -484,7 +485,7 @@ fn sigstop_never_overlaps(cmd: &dyn Fn() -> Command, dir: &Path, ttl: &str) -> V
         .args([
             "run",
             "--key",
-            &k,
+            k,
             "--timeout",
             "30s",
             "--",
@@ -756,6 +757,7 @@ fn item5_default_store_is_per_user_not_per_directory() {
 /// that must get the key: the cut attempt left no hold behind.
 fn cut_attempt_leaves_key_free(url: &str, timeout: &str) {
     let k = key();
+    let _forget = fixtures::rows::Forget::new(url, &k);
     let first = moltlock(url)
         .args(["run", "--key", &k, "--timeout", timeout, "--", "true"])
         .output()
@@ -1172,6 +1174,7 @@ fn wrapper_faults_are_safe(url: &str) {
     // SIGKILL.
     let pidfile = dir.path().join("killed");
     let k = key();
+    let _forget_killed = fixtures::rows::Forget::new(url, &k);
     let mut wrapper = moltlock(url)
         .args(["run", "--key", &k, "--", "sh", "-c", &two_pids(&pidfile)])
         .stderr(Stdio::null())
@@ -1184,7 +1187,9 @@ fn wrapper_faults_are_safe(url: &str) {
     steal_if_held(url, &k);
 
     // SIGSTOP, then the next holder.
-    let fences = sigstop_never_overlaps(&|| moltlock(url), dir.path(), "3s");
+    let k = key();
+    let _forget_stopped = fixtures::rows::Forget::new(url, &k);
+    let fences = sigstop_never_overlaps(&|| moltlock(url), dir.path(), "3s", &k);
     assert!(
         fences.len() == 2 && fences[1] > fences[0],
         "{url}: fences {fences:?}"

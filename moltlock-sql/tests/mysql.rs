@@ -14,29 +14,7 @@ fn mysql() -> moltlock_conformance::Factory {
     moltlock_fixtures::conformance_factory(url.clone(), |url| async move {
         MySqlBackend::from_url(&url).await
     })
-    .with_cleanup(move |keys| forget_rows(url.clone(), keys))
-}
-
-/// Deletes what the default table and its queue keep of the case's keys
-/// (a release keeps the row, for the hourly sweep): the server is shared.
-async fn forget_rows(url: Result<String, String>, keys: Vec<String>) {
-    let Ok(url) = url else {
-        return;
-    };
-    let done = async {
-        let pool = sqlx::MySqlPool::connect(&url).await?;
-        for table in ["moltlock_locks", "moltlock_locks_queue"] {
-            let sql = format!("DELETE FROM {table} WHERE LEFT(lock_key, CHAR_LENGTH(?)) = ?");
-            for key in &keys {
-                sqlx::query(&sql).bind(key).bind(key).execute(&pool).await?;
-            }
-        }
-        pool.close().await;
-        Ok::<_, sqlx::Error>(())
-    };
-    if let Err(e) = done.await {
-        eprintln!("the case's rows were not deleted: {e}");
-    }
+    .with_cleanup(moltlock_fixtures::rows::cleanup(url))
 }
 
 moltlock_conformance::conformance_tests!(mysql(), without: [watch, in_order]);
@@ -82,7 +60,7 @@ async fn many_holds_stay_renewed() {
     for g in guards {
         g.release().await.unwrap();
     }
-    forget_rows(Ok(url), vec![format!("{prefix}/")]).await;
+    moltlock_fixtures::rows::forget_or_say(&url, &[format!("{prefix}/")]).await;
 }
 
 /// A renewal batch with a key MySQL cannot store (a trailing space: such a
@@ -144,6 +122,7 @@ async fn a_key_mysql_cannot_store_is_answered_in_its_batch() {
         "a refused batch renewed an item: {left:?} left"
     );
     assert!(b.delete(&held, &token).await.unwrap());
+    moltlock_fixtures::rows::forget_or_say(&url, &[held.to_string()]).await;
 }
 
 /// A release writes an expiry long past, not the server's current time, so

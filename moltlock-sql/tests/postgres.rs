@@ -16,40 +16,7 @@ fn pg() -> moltlock_conformance::Factory {
     moltlock_fixtures::conformance_factory(url.clone(), |url| async move {
         PostgresBackend::from_url(&url).await
     })
-    .with_cleanup(move |keys| forget_rows(url.clone(), keys))
-}
-
-/// Deletes what the default table and its queue keep of the case's keys
-/// (a release keeps the row, for the hourly sweep): the server is shared.
-async fn forget_rows(url: Result<String, String>, keys: Vec<String>) {
-    let Ok(url) = url else {
-        return;
-    };
-    let patterns: Vec<String> = keys
-        .iter()
-        .map(|k| format!("{}%", like_escaped(k)))
-        .collect();
-    let done = async {
-        let pool = sqlx::PgPool::connect(&url).await?;
-        for table in ["moltlock_locks", "moltlock_locks_queue"] {
-            sqlx::query(&format!("DELETE FROM {table} WHERE key LIKE ANY($1)"))
-                .bind(&patterns)
-                .execute(&pool)
-                .await?;
-        }
-        pool.close().await;
-        Ok::<_, sqlx::Error>(())
-    };
-    if let Err(e) = done.await {
-        eprintln!("the case's rows were not deleted: {e}");
-    }
-}
-
-/// `text` with the `LIKE` wildcards and the escape character escaped.
-fn like_escaped(text: &str) -> String {
-    text.replace('\\', "\\\\")
-        .replace('%', "\\%")
-        .replace('_', "\\_")
+    .with_cleanup(moltlock_fixtures::rows::cleanup(url))
 }
 
 moltlock_conformance::conformance_tests!(pg(), without: [in_order]);

@@ -6,12 +6,13 @@
 use moltlock::{LockManager, Token};
 
 /// Locks and releases a key through `manager`, and checks it is held
-/// meanwhile.
-async fn lock_once(manager: &LockManager) {
+/// meanwhile. Returns the key.
+async fn lock_once(manager: &LockManager) -> String {
     let key = format!("facade-client/{}", Token::random());
     let guard = manager.lock(&key).await.unwrap();
     assert!(manager.try_lock(&key).await.unwrap().is_none());
     guard.release().await.unwrap();
+    key
 }
 
 #[cfg(feature = "sqlite")]
@@ -49,7 +50,8 @@ async fn postgres_pool() {
     let backend = PostgresBackend::from_client(pool.clone(), SqlConfig::default())
         .await
         .unwrap();
-    lock_once(&LockManager::new(backend)).await;
+    let key = lock_once(&LockManager::new(backend)).await;
+    moltlock_fixtures::rows::forget_or_say(&url, &[key]).await;
     let one: (i32,) = moltlock::postgres::sqlx::query_as("SELECT 1")
         .fetch_one(&pool)
         .await
@@ -67,7 +69,8 @@ async fn mysql_pool() {
     let backend = MySqlBackend::from_client(pool.clone(), SqlConfig::default())
         .await
         .unwrap();
-    lock_once(&LockManager::new(backend)).await;
+    let key = lock_once(&LockManager::new(backend)).await;
+    moltlock_fixtures::rows::forget_or_say(&url, &[key]).await;
 }
 
 #[cfg(feature = "redis")]

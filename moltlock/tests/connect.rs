@@ -14,6 +14,7 @@ async fn lock_once(url: &str, expect: &str) {
     let guard = manager.lock(&key).await.unwrap();
     assert!(manager.try_lock(&key).await.unwrap().is_none());
     guard.release().await.unwrap();
+    moltlock_fixtures::rows::forget_or_say(url, &[key]).await;
 }
 
 #[tokio::test]
@@ -123,4 +124,5 @@ async fn migration_into_mysql_keeps_fences_rising() {
         last = guard.fence();
         guard.release().await.unwrap();
     }
+    moltlock_fixtures::rows::forget_or_say(&mysql, &[key]).await;
 }

@@ -33,6 +33,7 @@ fn acquired_by_other(victim: &str, after: u128) -> impl Fn(&Event) -> bool + '_ 
 pub fn holder_killed(h: &Harness, target: &Target) -> Outcome {
     let mut out = Outcome::new("holder-sigkill", target);
     let key = key("sigkill");
+    let _forget = moltlock_fixtures::rows::Forget::new(&target.url, &key);
     let hold = Duration::from_millis(400);
     let mut workers = Vec::new();
     if let Err(e) = h.spawn_peers(target, &key, 3, 4, hold, &mut workers) {
@@ -91,6 +92,7 @@ pub fn holder_paused(h: &Harness, target: &Target, unsafe_holder: bool) -> Outco
     };
     let mut out = Outcome::new(name, target);
     let key = key("sigstop");
+    let _forget = moltlock_fixtures::rows::Forget::new(&target.url, &key);
     let mut victim = Spec::new("paused", target, &key, 1, Duration::from_millis(100));
     victim.pause_round = Some(0);
     victim.unsafe_mode = unsafe_holder;
@@ -198,6 +200,7 @@ pub fn connection_cut(h: &Harness, target: &Target, mode: Mode) -> Outcome {
     };
     let mut out = Outcome::new(name, target);
     let key = key(name);
+    let _forget = moltlock_fixtures::rows::Forget::new(&target.url, &key);
     let (proxy, port) = match h.proxy(&host_port(&target.url), Mode::Pass) {
         Ok(p) => p,
         Err(e) => {
@@ -277,6 +280,7 @@ pub fn connection_cut(h: &Harness, target: &Target, mode: Mode) -> Outcome {
 pub fn slow_store(h: &Harness, target: &Target, delay: Duration) -> Outcome {
     let mut out = Outcome::new("slow-store", target);
     let key = key("slow");
+    let _forget = moltlock_fixtures::rows::Forget::new(&target.url, &key);
     let (_, port) = match h.proxy(&host_port(&target.url), Mode::Delay(delay)) {
         Ok(p) => p,
         Err(e) => {
@@ -341,6 +345,7 @@ pub fn store_fault_on_key(
 ) -> Outcome {
     let mut out = Outcome::new(scenario, target);
     let key = key(scenario);
+    let _forget = moltlock_fixtures::rows::Forget::new(&target.url, &key);
     let mut workers = Vec::new();
     for i in 0..3 {
         let mut spec = Spec::new(&format!("w{i}"), target, &key, 3, target.ttl.mul_f64(0.4));

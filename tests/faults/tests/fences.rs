@@ -25,6 +25,7 @@ fn fences_rise(url: &str, ttl: Duration) {
 
 async fn contend(url: &str, ttl: Duration) {
     let key = format!("fences/{}", Token::random());
+    let _forget = fixtures::rows::Forget::new(url, &key);
     let order: Arc<Mutex<Vec<u64>>> = Arc::default();
     let mut tasks = Vec::new();
     for _ in 0..CLIENTS {
