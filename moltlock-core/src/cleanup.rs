@@ -19,22 +19,46 @@ const CANCELLED_PAUSES: [Duration; 4] = [
     Duration::from_secs(3),
 ];
 
-/// Spawns an owner-checked delete bounded by the manager's release timeout.
-/// With `late_write` (a cancelled acquisition whose request may still land),
-/// it deletes again at growing pauses until a delete succeeds or that bound
-/// has passed, and the time limit is the release timeout on top of the
-/// bound. On a thread with no tokio runtime, it runs on the runtime the
-/// manager first acquired on; once that runtime is gone too, the hold lives
-/// until its TTL.
+/// When a background delete is sent again, at growing pauses, until its
+/// bound has passed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Again {
+    /// Until the key is gone: a cancelled acquisition's request may still
+    /// land, up to the backend's late-write bound.
+    UntilGone(Duration),
+    /// After a failed delete only (the store did not answer, or refused for
+    /// now): the hold it would end lives until its TTL otherwise, so the
+    /// bound is the time the hold has left.
+    OnError(Duration),
+}
+
+impl Again {
+    /// [`Again::OnError`] for `hold`: until its validity deadline.
+    pub(crate) fn on_error_for(hold: &crate::hold::Hold) -> Self {
+        let now = tokio::time::Instant::now();
+        Self::OnError(hold.valid_until().saturating_duration_since(now))
+    }
+
+    fn bound(self) -> Duration {
+        match self {
+            Self::UntilGone(bound) | Self::OnError(bound) => bound,
+        }
+    }
+}
+
+/// Spawns an owner-checked delete bounded by the manager's release timeout
+/// on top of `again`'s bound, sent again as `again` says. On a thread with
+/// no tokio runtime, it runs on the runtime the manager first acquired on;
+/// once that runtime is gone too, the hold lives until its TTL.
 pub(crate) fn spawn_release(
     inner: &Arc<Inner>,
     key: LockKey,
     token: Token,
     fence: Option<Fence>,
-    late_write: Option<Duration>,
+    again: Again,
 ) {
     let span = background_span(inner, std::slice::from_ref(&key), fence);
-    spawn_deletes(inner, vec![key], token, false, late_write, span);
+    spawn_deletes(inner, vec![key], token, false, again, span);
 }
 
 /// The `moltlock.release` span of a release done in the background (a
@@ -66,7 +90,7 @@ fn spawn_deletes(
     keys: Vec<LockKey>,
     token: Token,
     any: bool,
-    late_write: Option<Duration>,
+    again: Again,
     span: tracing::Span,
 ) {
     let Some(handle) = runtime_of(inner) else {
@@ -75,13 +99,12 @@ fn spawn_deletes(
         return;
     };
     let backend = inner.backend.clone();
-    let bound = late_write.unwrap_or_default();
-    let limit = inner.cfg.release_timeout + bound;
+    let limit = inner.cfg.release_timeout + again.bound();
     let ticket = crate::pending::Ticket::new();
     let manager = Arc::downgrade(inner);
     handle.spawn(async move {
         let _ticket = ticket;
-        let work = delete_until_gone(backend.as_ref(), keys.clone(), &token, any, bound);
+        let work = delete_until_gone(backend.as_ref(), keys.clone(), &token, any, again);
         if tokio::time::timeout(limit, work)
             .instrument(span)
             .await
@@ -95,16 +118,18 @@ fn spawn_deletes(
     });
 }
 
-/// Deletes each key by `token`, again at the cancelled pauses, until every
-/// key was deleted (`any`: one was) or `bound` has passed (a bound of zero:
-/// one round).
+/// Deletes each key by `token`, again at the cancelled pauses as `again`
+/// says, until every key was dealt with (`any`: one was deleted) or its
+/// bound has passed (a bound of zero: one round).
 async fn delete_until_gone(
     backend: &dyn Backend,
     mut keys: Vec<LockKey>,
     token: &Token,
     any: bool,
-    bound: Duration,
+    again: Again,
 ) {
+    let bound = again.bound();
+    let until_gone = matches!(again, Again::UntilGone(_));
     let started = tokio::time::Instant::now();
     let mut pauses = CANCELLED_PAUSES.iter();
     let mut pause = Duration::ZERO;
@@ -114,7 +139,8 @@ async fn delete_until_gone(
             match backend.delete(&key, token).await {
                 Ok(true) if any => return,
                 Ok(true) => {}
-                Ok(false) => left.push(key),
+                Ok(false) if until_gone => left.push(key),
+                Ok(false) => {}
                 Err(e) => {
                     tracing::debug!(%key, error = %e, "best-effort release failed");
                     left.push(key);
@@ -172,16 +198,9 @@ impl Drop for PendingAcquire {
             return;
         }
         let keys = std::mem::take(&mut self.keys);
-        let late_write = Some(self.inner.limits.late_write);
+        let again = Again::UntilGone(self.inner.limits.late_write);
         let span = background_span(&self.inner, &keys, None);
-        spawn_deletes(
-            &self.inner,
-            keys,
-            self.token.clone(),
-            self.any,
-            late_write,
-            span,
-        );
+        spawn_deletes(&self.inner, keys, self.token.clone(), self.any, again, span);
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use crate::cleanup::spawn_release;
+use crate::cleanup::{spawn_release, Again};
 use crate::hold::Hold;
 use crate::registry::Inner;
 use crate::{Error, Fence, LockKey, LostReason, LostToken, Token};
@@ -165,7 +165,11 @@ impl LockGuard {
     ///
     /// # Errors
     /// [`Error::NotHeld`] when the store no longer had this hold (it expired
-    /// or was taken over); store errors as they come.
+    /// or was taken over); store errors as they come. After a retryable
+    /// error ([`Error::is_retryable`]: the store did not answer, or refused
+    /// for the moment) the delete is sent again in the background, at
+    /// growing pauses until the hold would have expired, so the key does
+    /// not stay held for the rest of its TTL.
     pub async fn release(mut self) -> Result<(), Error> {
         self.released = true;
         self.inner.release(&self.hold);
@@ -200,7 +204,8 @@ impl LockGuard {
             .backend
             .delete(&self.hold.key, &self.hold.token)
             .instrument(span)
-            .await?;
+            .await
+            .inspect_err(|e| self.retry_in_background(e))?;
         tracing::debug!(key = %self.hold.key, deleted, "lock released");
         if deleted {
             Ok(())
@@ -209,6 +214,26 @@ impl LockGuard {
                 key: self.hold.key.to_string(),
             })
         }
+    }
+}
+
+impl LockGuard {
+    /// After a delete that failed for now (`e` retryable: the store did not
+    /// answer, or refused for the moment), sends it again in the
+    /// background until the hold would have expired, so the key is not
+    /// kept for the rest of its TTL.
+    fn retry_in_background(&self, e: &Error) {
+        if !e.is_retryable() {
+            return;
+        }
+        tracing::debug!(key = %self.hold.key, error = %e, "release failed; retrying in the background");
+        spawn_release(
+            &self.inner,
+            self.hold.key.clone(),
+            self.hold.token.clone(),
+            Some(self.hold.fence),
+            Again::on_error_for(&self.hold),
+        );
     }
 }
 
@@ -229,7 +254,7 @@ impl Drop for LockGuard {
             self.hold.key.clone(),
             self.hold.token.clone(),
             Some(self.hold.fence),
-            None,
+            Again::on_error_for(&self.hold),
         );
     }
 }

@@ -215,7 +215,7 @@ pub(crate) fn end_at_most(inner: &Arc<Inner>, hold: &Hold) {
             hold.key.clone(),
             hold.token.clone(),
             Some(hold.fence),
-            None,
+            crate::cleanup::Again::on_error_for(hold),
         );
     }
 }

@@ -475,16 +475,13 @@ impl LockManager {
         self.checked_ttl(opts)
     }
 
-    /// Releases a guard; when the delete fails, it is tried again in the
-    /// background, so a turnstile key does not stay held for its TTL.
+    /// Releases a guard. A delete that fails for the moment is sent again
+    /// in the background by the release itself, so a turnstile key does not
+    /// stay held for its TTL.
     pub(crate) async fn release_or_retry(&self, guard: LockGuard) {
-        let (key, token, fence) = (guard.key().clone(), guard.token().clone(), guard.fence());
-        match guard.release().await {
-            Ok(()) | Err(Error::NotHeld { .. }) => {}
-            Err(e) => {
-                tracing::debug!(%key, error = %e, "release failed; retrying in the background");
-                crate::cleanup::spawn_release(self.inner(), key, token, Some(fence), None);
-            }
+        let key = guard.key().clone();
+        if let Err(e) = guard.release().await {
+            tracing::debug!(%key, error = %e, "release failed");
         }
     }
 

@@ -157,3 +157,37 @@ async fn a_fair_wait_dropped_while_the_store_is_down_leaves_the_queue() -> TestR
     other.release().await?;
     Ok(())
 }
+
+/// A release sent while etcd is down fails (retryably); once etcd is back,
+/// the key is freed with no further use of the holder's manager, long
+/// before its hold would end (the hold's lease is the backend's session,
+/// kept alive as long as the backend lives).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_while_the_store_is_down_frees_the_key_once_it_is_back() -> TestResult {
+    let mut own = start_single()?;
+    let holder = manager(&own, RetryPolicy::default()).await?;
+    let guard = holder.lock("down-release").await?;
+    own.process.kill();
+    let err = guard
+        .release()
+        .await
+        .err()
+        .ok_or("a release succeeded on a stopped etcd")?;
+    assert!(err.is_retryable(), "{err:?}");
+    std::thread::sleep(DOWN);
+    own.process.restart()?;
+    let back = Instant::now();
+    let other = manager(&own, RetryPolicy::default()).await?;
+    let taken = other
+        .acquire(
+            "down-release",
+            LockOptions::new().timeout(Duration::from_secs(8)),
+        )
+        .await?;
+    let taken =
+        taken.ok_or_else(|| format!("still held {:?} after etcd came back", back.elapsed()))?;
+    println!("freed {:?} after etcd came back", back.elapsed());
+    taken.release().await?;
+    drop(holder);
+    Ok(())
+}

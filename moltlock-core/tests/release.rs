@@ -1,0 +1,153 @@
+//! A release the store fails for the moment (a connection reset, a server
+//! restarting) is sent again in the background, so the key does not stay
+//! held for the rest of its TTL; a release the store refuses for good is
+//! not repeated.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test wrappers and tests unwrap
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use moltlock_core::{
+    async_trait, Backend, BackendExt, CasOutcome, Error, LockKey, LockManager, MemoryBackend, Token,
+};
+use tokio::time::{sleep, Instant};
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// Fails the next `failing` deletes (retryable when `retryable`), then
+/// passes them on; counts every delete asked.
+#[derive(Clone)]
+struct FailingDeletes {
+    store: MemoryBackend,
+    failing: Arc<AtomicUsize>,
+    retryable: bool,
+    asked: Arc<AtomicUsize>,
+}
+
+impl FailingDeletes {
+    fn new(retryable: bool) -> Self {
+        Self {
+            store: MemoryBackend::new(),
+            failing: Arc::default(),
+            retryable,
+            asked: Arc::default(),
+        }
+    }
+
+    fn fail_next(&self, n: usize) {
+        self.failing.store(n, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl Backend for FailingDeletes {
+    async fn cas(
+        &self,
+        key: &LockKey,
+        expected: Option<&Token>,
+        new: &Token,
+        ttl: Duration,
+    ) -> Result<CasOutcome, Error> {
+        self.store.cas(key, expected, new, ttl).await
+    }
+
+    async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        let left = self.failing.load(Ordering::SeqCst);
+        if left > 0 {
+            self.failing.store(left - 1, Ordering::SeqCst);
+            return Err(Error::store("failing", "connection reset", self.retryable));
+        }
+        self.store.delete(key, owner).await
+    }
+}
+
+fn manager(backend: &FailingDeletes) -> LockManager {
+    LockManager::builder(backend.clone())
+        .ttl(TTL)
+        .build()
+        .unwrap()
+}
+
+/// Whether the store still holds `key`, asked past the manager.
+async fn held(store: &MemoryBackend, key: &str) -> bool {
+    let key: LockKey = key.parse().unwrap();
+    store.inspect(&key).await.unwrap().is_some()
+}
+
+/// Waits (on the paused clock) until `key` is free, at most `within`.
+async fn freed_within(store: &MemoryBackend, key: &str, within: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() <= within {
+        if !held(store, key).await {
+            return Some(start.elapsed());
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_that_failed_for_the_moment_is_sent_again() {
+    let backend = FailingDeletes::new(true);
+    let mgr = manager(&backend);
+    let guard = mgr.lock("reset").await.unwrap();
+    backend.fail_next(2);
+    let err = guard.release().await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    let freed = freed_within(&backend.store, "reset", Duration::from_secs(5)).await;
+    assert!(
+        freed.is_some(),
+        "the key stayed held after a failed release"
+    );
+    assert_eq!(backend.asked.load(Ordering::SeqCst), 3, "deletes asked");
+    let again = mgr.try_lock("reset").await.unwrap();
+    assert!(again.is_some(), "the manager did not see the key free");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_guard_whose_release_failed_is_sent_again() {
+    let backend = FailingDeletes::new(true);
+    let mgr = manager(&backend);
+    let guard = mgr.lock("dropped").await.unwrap();
+    backend.fail_next(3);
+    drop(guard);
+    let freed = freed_within(&backend.store, "dropped", Duration::from_secs(10)).await;
+    assert!(
+        freed.is_some(),
+        "the key stayed held after a failed release"
+    );
+    assert_eq!(backend.asked.load(Ordering::SeqCst), 4, "deletes asked");
+}
+
+/// A refusal for good (not retryable) is the caller's to read: sent once.
+#[tokio::test(start_paused = true)]
+async fn a_release_refused_for_good_is_not_repeated() {
+    let backend = FailingDeletes::new(false);
+    let mgr = manager(&backend);
+    let guard = mgr.lock("refused").await.unwrap();
+    backend.fail_next(1);
+    let err = guard.release().await.unwrap_err();
+    assert!(!err.is_retryable(), "{err:?}");
+    sleep(Duration::from_secs(10)).await;
+    assert_eq!(backend.asked.load(Ordering::SeqCst), 1, "deletes asked");
+    assert!(held(&backend.store, "refused").await);
+}
+
+/// A background retry stops once the hold would have expired: a store that
+/// never answers again is not asked for ever.
+#[tokio::test(start_paused = true)]
+async fn background_retries_end_with_the_hold() {
+    let backend = FailingDeletes::new(true);
+    let mgr = manager(&backend);
+    let guard = mgr.lock("down").await.unwrap();
+    backend.fail_next(usize::MAX);
+    let _ = guard.release().await.unwrap_err();
+    sleep(TTL + Duration::from_secs(60)).await;
+    let asked = backend.asked.load(Ordering::SeqCst);
+    sleep(Duration::from_secs(120)).await;
+    assert_eq!(backend.asked.load(Ordering::SeqCst), asked, "still asking");
+    assert!(asked > 3, "asked only {asked} times");
+}
