@@ -19,6 +19,9 @@ const CANCELLED_PAUSES: [Duration; 4] = [
     Duration::from_secs(3),
 ];
 
+/// The longest pause between the deletes of a release that keeps failing.
+const LONGEST_ERROR_PAUSE: Duration = Duration::from_secs(30);
+
 /// When a background delete is sent again, at growing pauses, until its
 /// bound has passed.
 #[derive(Clone, Copy, Debug)]
@@ -37,6 +40,17 @@ impl Again {
     pub(crate) fn on_error_for(hold: &crate::hold::Hold) -> Self {
         let now = tokio::time::Instant::now();
         Self::OnError(hold.valid_until().saturating_duration_since(now))
+    }
+
+    /// The pause after `pause`, once the first pauses are spent: the same
+    /// until a late write's short bound; doubling up to
+    /// [`LONGEST_ERROR_PAUSE`] after errors, so a store that stays down
+    /// through a long hold is not asked every few seconds for all of it.
+    fn after(self, pause: Duration) -> Duration {
+        match self {
+            Self::UntilGone(_) => pause,
+            Self::OnError(_) => (pause * 2).min(LONGEST_ERROR_PAUSE),
+        }
     }
 
     fn bound(self) -> Duration {
@@ -152,7 +166,7 @@ async fn delete_until_gone(
         if keys.is_empty() || waited > bound {
             return;
         }
-        pause = pauses.next().copied().unwrap_or(pause);
+        pause = pauses.next().copied().unwrap_or_else(|| again.after(pause));
         // The last delete comes only after the bound has passed.
         tokio::time::sleep(pause.min(bound - waited + Duration::from_millis(50))).await;
     }

@@ -168,7 +168,7 @@ impl LockGuard {
     /// or was taken over); store errors as they come. After a retryable
     /// error ([`Error::is_retryable`]: the store did not answer, or refused
     /// for the moment) the delete is sent again in the background, at
-    /// growing pauses until the hold would have expired, so the key does
+    /// growing pauses (up to 30 s) until the hold would have expired, so the key does
     /// not stay held for the rest of its TTL.
     pub async fn release(mut self) -> Result<(), Error> {
         self.released = true;

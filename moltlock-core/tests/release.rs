@@ -151,3 +151,23 @@ async fn background_retries_end_with_the_hold() {
     assert_eq!(backend.asked.load(Ordering::SeqCst), asked, "still asking");
     assert!(asked > 3, "asked only {asked} times");
 }
+
+/// The retries of a long hold back off: a store down for the whole hour of
+/// a one-hour hold is asked about once every 30 s at most, not every 3 s.
+#[tokio::test(start_paused = true)]
+async fn retries_of_a_long_hold_back_off() {
+    let backend = FailingDeletes::new(true);
+    let mgr = LockManager::builder(backend.clone())
+        .ttl(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let guard = mgr.lock("long").await.unwrap();
+    backend.fail_next(usize::MAX);
+    let _ = guard.release().await.unwrap_err();
+    sleep(Duration::from_secs(3700)).await;
+    let asked = backend.asked.load(Ordering::SeqCst);
+    assert!(
+        (100..=140).contains(&asked),
+        "asked {asked} times in an hour"
+    );
+}
