@@ -32,7 +32,8 @@ pub fn pending_cleanups() -> usize {
 /// returns whether all finished. Call it before a runtime shuts down
 /// (shutting down drops the spawned releases, and their holds then live
 /// until their TTL). Each release is itself bounded by the manager's
-/// release timeout.
+/// release timeout; one sent again after a retryable failure, also by the
+/// time its hold had left.
 ///
 /// # Cancel safety
 /// Cancel safe: it only observes.
