@@ -29,9 +29,10 @@ pub(crate) enum Again {
     /// Until the key is gone: a cancelled acquisition's request may still
     /// land, up to the backend's late-write bound.
     UntilGone(Duration),
-    /// After a failed delete only (the store did not answer, or refused for
-    /// now): the hold it would end lives until its TTL otherwise, so the
-    /// bound is the time the hold has left.
+    /// After a failed delete only, and only while its failures are
+    /// retryable (the store did not answer, or refused for now): the hold
+    /// it would end lives until its TTL otherwise, so the bound is the time
+    /// the hold has left.
     OnError(Duration),
 }
 
@@ -50,6 +51,15 @@ impl Again {
         match self {
             Self::UntilGone(_) => pause,
             Self::OnError(_) => (pause * 2).min(LONGEST_ERROR_PAUSE),
+        }
+    }
+
+    /// `pause` as slept: after errors, within ±25 %, so the releases of
+    /// many holds that failed together do not come back at once.
+    fn spread(self, pause: Duration) -> Duration {
+        match self {
+            Self::UntilGone(_) => pause,
+            Self::OnError(_) => pause.mul_f64(0.75 + fastrand::f64() * 0.5),
         }
     }
 
@@ -113,7 +123,7 @@ fn spawn_deletes(
         return;
     };
     let backend = inner.backend.clone();
-    let limit = inner.cfg.release_timeout + again.bound();
+    let limit = inner.cfg.release_timeout.saturating_add(again.bound());
     let ticket = crate::pending::Ticket::new();
     let manager = Arc::downgrade(inner);
     handle.spawn(async move {
@@ -157,7 +167,9 @@ async fn delete_until_gone(
                 Ok(false) => {}
                 Err(e) => {
                     tracing::debug!(%key, error = %e, "best-effort release failed");
-                    left.push(key);
+                    if until_gone || e.is_retryable() {
+                        left.push(key);
+                    }
                 }
             }
         }
@@ -168,7 +180,10 @@ async fn delete_until_gone(
         }
         pause = pauses.next().copied().unwrap_or_else(|| again.after(pause));
         // The last delete comes only after the bound has passed.
-        tokio::time::sleep(pause.min(bound - waited + Duration::from_millis(50))).await;
+        let wait = again
+            .spread(pause)
+            .min(bound - waited + Duration::from_millis(50));
+        tokio::time::sleep(wait).await;
     }
 }
 

@@ -17,13 +17,17 @@ use tokio::time::{sleep, Instant};
 const TTL: Duration = Duration::from_secs(30);
 
 /// Fails the next `failing` deletes (retryable when `retryable`), then
-/// passes them on; counts every delete asked.
+/// passes them on; counts every delete asked. With `then_for_good`, the
+/// failures after the first are not retryable.
 #[derive(Clone)]
 struct FailingDeletes {
     store: MemoryBackend,
     failing: Arc<AtomicUsize>,
     retryable: bool,
+    then_for_good: bool,
     asked: Arc<AtomicUsize>,
+    /// When each delete was asked.
+    times: Arc<std::sync::Mutex<Vec<Instant>>>,
 }
 
 impl FailingDeletes {
@@ -32,7 +36,9 @@ impl FailingDeletes {
             store: MemoryBackend::new(),
             failing: Arc::default(),
             retryable,
+            then_for_good: false,
             asked: Arc::default(),
+            times: Arc::default(),
         }
     }
 
@@ -54,11 +60,13 @@ impl Backend for FailingDeletes {
     }
 
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
-        self.asked.fetch_add(1, Ordering::SeqCst);
+        let before = self.asked.fetch_add(1, Ordering::SeqCst);
+        self.times.lock().unwrap().push(Instant::now());
         let left = self.failing.load(Ordering::SeqCst);
         if left > 0 {
             self.failing.store(left - 1, Ordering::SeqCst);
-            return Err(Error::store("failing", "connection reset", self.retryable));
+            let retryable = self.retryable && !(self.then_for_good && before > 0);
+            return Err(Error::store("failing", "connection reset", retryable));
         }
         self.store.delete(key, owner).await
     }
@@ -169,5 +177,62 @@ async fn retries_of_a_long_hold_back_off() {
     assert!(
         (100..=140).contains(&asked),
         "asked {asked} times in an hour"
+    );
+}
+
+/// Retries stop at the first refusal for good, on a dropped guard's
+/// release too.
+#[tokio::test(start_paused = true)]
+async fn retries_stop_at_a_refusal_for_good() {
+    let mut backend = FailingDeletes::new(true);
+    backend.then_for_good = true;
+    let mgr = manager(&backend);
+    let guard = mgr.lock("then-refused").await.unwrap();
+    backend.fail_next(usize::MAX);
+    drop(guard);
+    sleep(TTL + Duration::from_secs(10)).await;
+    assert_eq!(backend.asked.load(Ordering::SeqCst), 2, "deletes asked");
+}
+
+/// A manager whose release timeout is as long as a duration goes still
+/// releases (the background task's limit saturates).
+#[tokio::test(start_paused = true)]
+async fn a_release_timeout_of_duration_max_does_not_overflow() {
+    let backend = FailingDeletes::new(true);
+    let mgr = LockManager::builder(backend.clone())
+        .ttl(TTL)
+        .release_timeout(Duration::MAX)
+        .build()
+        .unwrap();
+    let guard = mgr.lock("max").await.unwrap();
+    backend.fail_next(1);
+    drop(guard);
+    let freed = freed_within(&backend.store, "max", Duration::from_secs(5)).await;
+    assert!(freed.is_some(), "the key stayed held");
+}
+
+/// The retries of many holds whose releases failed together spread out:
+/// they do not come back to the store all at the same instants.
+#[tokio::test(start_paused = true)]
+async fn retries_of_many_releases_spread_out() {
+    let backend = FailingDeletes::new(true);
+    let mgr = manager(&backend);
+    let mut guards = Vec::new();
+    for i in 0..100 {
+        guards.push(mgr.lock(format!("many/{i}")).await.unwrap());
+    }
+    backend.fail_next(usize::MAX);
+    drop(guards);
+    sleep(Duration::from_secs(10)).await;
+    let times = backend.times.lock().unwrap().clone();
+    let mut distinct = times.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert!(times.len() > 300, "only {} deletes", times.len());
+    assert!(
+        distinct.len() > times.len() / 2,
+        "{} deletes at {} instants",
+        times.len(),
+        distinct.len()
     );
 }

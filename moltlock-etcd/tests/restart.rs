@@ -166,6 +166,9 @@ async fn a_fair_wait_dropped_while_the_store_is_down_leaves_the_queue() -> TestR
 async fn a_release_while_the_store_is_down_frees_the_key_once_it_is_back() -> TestResult {
     let mut own = start_single()?;
     let holder = manager(&own, RetryPolicy::default()).await?;
+    // The other manager connects first: a client's first request to a
+    // store that has just started may take longer than its timeout.
+    let other = manager(&own, RetryPolicy::default()).await?;
     let guard = holder.lock("down-release").await?;
     own.process.kill();
     let err = guard
@@ -177,7 +180,6 @@ async fn a_release_while_the_store_is_down_frees_the_key_once_it_is_back() -> Te
     std::thread::sleep(DOWN);
     own.process.restart()?;
     let back = Instant::now();
-    let other = manager(&own, RetryPolicy::default()).await?;
     let taken = other
         .acquire(
             "down-release",
