@@ -158,10 +158,11 @@ impl LockGuard {
     /// Stops renewal and deletes the hold (owner-checked).
     ///
     /// # Cancel safety
-    /// If the future is dropped before the store answers, the hold is still
-    /// removed from renewal, so it lives at most until its TTL (for
-    /// lease-based stores such as etcd, until the backend's own retry of
-    /// the release, or the end of its session).
+    /// If the future is dropped before the store answers (a caller's
+    /// timeout around it, say), the hold is still removed from renewal,
+    /// and the guard's drop sends the delete again in the background, as
+    /// for a dropped guard: the key does not stay held for the rest of its
+    /// TTL.
     ///
     /// # Errors
     /// [`Error::NotHeld`] when the store no longer had this hold (it expired
@@ -171,7 +172,14 @@ impl LockGuard {
     /// growing pauses (up to 30 s) until the hold would have expired, so the key does
     /// not stay held for the rest of its TTL.
     pub async fn release(mut self) -> Result<(), Error> {
+        let out = self.release_now().await;
         self.released = true;
+        out
+    }
+
+    /// The release's work; the guard counts as released only once it has
+    /// ended, so a drop before that releases in the background.
+    async fn release_now(&self) -> Result<(), Error> {
         self.inner.release(&self.hold);
         crate::ask::forget(&self.inner.backend, &self.hold);
         let _told = self.inner.queues.told_at_end(&self.hold.key);

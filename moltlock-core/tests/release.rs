@@ -28,6 +28,8 @@ struct FailingDeletes {
     asked: Arc<AtomicUsize>,
     /// When each delete was asked.
     times: Arc<std::sync::Mutex<Vec<Instant>>>,
+    /// How many of the next deletes get no answer for an hour.
+    hanging: Arc<AtomicUsize>,
 }
 
 impl FailingDeletes {
@@ -39,6 +41,7 @@ impl FailingDeletes {
             then_for_good: false,
             asked: Arc::default(),
             times: Arc::default(),
+            hanging: Arc::default(),
         }
     }
 
@@ -62,6 +65,10 @@ impl Backend for FailingDeletes {
     async fn delete(&self, key: &LockKey, owner: &Token) -> Result<bool, Error> {
         let before = self.asked.fetch_add(1, Ordering::SeqCst);
         self.times.lock().unwrap().push(Instant::now());
+        if self.hanging.load(Ordering::SeqCst) > 0 {
+            self.hanging.fetch_sub(1, Ordering::SeqCst);
+            sleep(Duration::from_secs(3600)).await;
+        }
         let left = self.failing.load(Ordering::SeqCst);
         if left > 0 {
             self.failing.store(left - 1, Ordering::SeqCst);
@@ -235,4 +242,20 @@ async fn retries_of_many_releases_spread_out() {
         times.len(),
         distinct.len()
     );
+}
+
+/// A release dropped before the store answered (the caller's timeout ran
+/// out) is sent again in the background: the key does not stay held for
+/// the rest of its TTL.
+#[tokio::test(start_paused = true)]
+async fn a_release_dropped_before_the_store_answered_is_sent_again() {
+    let backend = FailingDeletes::new(true);
+    let mgr = manager(&backend);
+    let guard = mgr.lock("cut").await.unwrap();
+    backend.hanging.store(1, Ordering::SeqCst);
+    let cut = tokio::time::timeout(Duration::from_millis(100), guard.release()).await;
+    assert!(cut.is_err(), "the hanging release answered: {cut:?}");
+    let freed = freed_within(&backend.store, "cut", Duration::from_secs(5)).await;
+    assert!(freed.is_some(), "the key stayed held after a cut release");
+    assert_eq!(backend.asked.load(Ordering::SeqCst), 2, "deletes asked");
 }
