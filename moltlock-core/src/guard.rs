@@ -235,6 +235,12 @@ impl LockGuard {
             return;
         }
         tracing::debug!(key = %self.hold.key, error = %e, "release failed; retrying in the background");
+        self.release_in_background();
+    }
+
+    /// An owner-checked delete of the hold in the background, sent again
+    /// after retryable failures until the hold would have expired.
+    fn release_in_background(&self) {
         spawn_release(
             &self.inner,
             self.hold.key.clone(),
@@ -257,12 +263,6 @@ impl Drop for LockGuard {
             crate::cleanup::spawn_linger(&self.inner, key, token, left);
             return;
         }
-        spawn_release(
-            &self.inner,
-            self.hold.key.clone(),
-            self.hold.token.clone(),
-            Some(self.hold.fence),
-            Again::on_error_for(&self.hold),
-        );
+        self.release_in_background();
     }
 }

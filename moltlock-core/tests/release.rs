@@ -92,16 +92,17 @@ async fn held(store: &MemoryBackend, key: &str) -> bool {
     store.inspect(&key).await.unwrap().is_some()
 }
 
-/// Waits (on the paused clock) until `key` is free, at most `within`.
-async fn freed_within(store: &MemoryBackend, key: &str, within: Duration) -> Option<Duration> {
+/// Waits (on the paused clock) until `key` is free, and fails the test
+/// unless it is within `within`.
+async fn assert_freed_within(store: &MemoryBackend, key: &str, within: Duration) {
     let start = Instant::now();
     while start.elapsed() <= within {
         if !held(store, key).await {
-            return Some(start.elapsed());
+            return;
         }
         sleep(Duration::from_millis(10)).await;
     }
-    None
+    panic!("{key} stayed held {within:?} after its release");
 }
 
 #[tokio::test(start_paused = true)]
@@ -112,11 +113,7 @@ async fn a_release_that_failed_for_the_moment_is_sent_again() {
     backend.fail_next(2);
     let err = guard.release().await.unwrap_err();
     assert!(err.is_retryable(), "{err:?}");
-    let freed = freed_within(&backend.store, "reset", Duration::from_secs(5)).await;
-    assert!(
-        freed.is_some(),
-        "the key stayed held after a failed release"
-    );
+    assert_freed_within(&backend.store, "reset", Duration::from_secs(5)).await;
     assert_eq!(backend.asked.load(Ordering::SeqCst), 3, "deletes asked");
     let again = mgr.try_lock("reset").await.unwrap();
     assert!(again.is_some(), "the manager did not see the key free");
@@ -129,11 +126,7 @@ async fn a_dropped_guard_whose_release_failed_is_sent_again() {
     let guard = mgr.lock("dropped").await.unwrap();
     backend.fail_next(3);
     drop(guard);
-    let freed = freed_within(&backend.store, "dropped", Duration::from_secs(10)).await;
-    assert!(
-        freed.is_some(),
-        "the key stayed held after a failed release"
-    );
+    assert_freed_within(&backend.store, "dropped", Duration::from_secs(10)).await;
     assert_eq!(backend.asked.load(Ordering::SeqCst), 4, "deletes asked");
 }
 
@@ -214,8 +207,7 @@ async fn a_release_timeout_of_duration_max_does_not_overflow() {
     let guard = mgr.lock("max").await.unwrap();
     backend.fail_next(1);
     drop(guard);
-    let freed = freed_within(&backend.store, "max", Duration::from_secs(5)).await;
-    assert!(freed.is_some(), "the key stayed held");
+    assert_freed_within(&backend.store, "max", Duration::from_secs(5)).await;
 }
 
 /// The retries of many holds whose releases failed together spread out:
@@ -255,7 +247,6 @@ async fn a_release_dropped_before_the_store_answered_is_sent_again() {
     backend.hanging.store(1, Ordering::SeqCst);
     let cut = tokio::time::timeout(Duration::from_millis(100), guard.release()).await;
     assert!(cut.is_err(), "the hanging release answered: {cut:?}");
-    let freed = freed_within(&backend.store, "cut", Duration::from_secs(5)).await;
-    assert!(freed.is_some(), "the key stayed held after a cut release");
+    assert_freed_within(&backend.store, "cut", Duration::from_secs(5)).await;
     assert_eq!(backend.asked.load(Ordering::SeqCst), 2, "deletes asked");
 }
